@@ -1,0 +1,56 @@
+"""control_store: the durable control plane of an evaluation orchestrator.
+
+Runs fan out into jobs; schedulers claim runs atomically; workers report job outcomes, which
+the store records transactionally and idempotently, so at-least-once delivery never counts a
+job twice.
+"""
+
+from ._store import MigrationState, Store
+from .errors import (
+    AlreadyExistsError,
+    ConfigurationError,
+    ConstraintError,
+    ControlError,
+    CorruptRowError,
+    DatabaseBusyError,
+    DirtyMigrationError,
+    InvalidInputError,
+    MigrationChangedError,
+    MigrationError,
+    MissingRunError,
+    NotFoundError,
+    StorageError,
+    StoreClosedError,
+    UnknownMigrationError,
+    WrongRunError,
+)
+from .models import EvalJob, Job, JobId, JobOutcome, JobStatus, Run, RunId, RunStatus
+
+__all__ = [
+    "AlreadyExistsError",
+    "ConfigurationError",
+    "ConstraintError",
+    "ControlError",
+    "CorruptRowError",
+    "DatabaseBusyError",
+    "DirtyMigrationError",
+    "EvalJob",
+    "InvalidInputError",
+    "Job",
+    "JobId",
+    "JobOutcome",
+    "JobStatus",
+    "MigrationChangedError",
+    "MigrationError",
+    "MigrationState",
+    "MissingRunError",
+    "NotFoundError",
+    "Run",
+    "RunId",
+    "RunStatus",
+    "StorageError",
+    "Store",
+    "StoreClosedError",
+    "UnknownMigrationError",
+    "WrongRunError",
+]

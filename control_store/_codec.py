@@ -1,0 +1,262 @@
+"""Models to column values and back, with every check at this one boundary.
+
+Writing: a model is validated (a value SQLite or JSON cannot keep faithfully is an
+``InvalidInputError`` before anything is written) and turned into a parameter tuple.
+Reading: a row becomes a model, and any value this version cannot read becomes a
+``CorruptRowError`` naming the table, the column, the row id and the value.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import msgspec
+
+from .errors import CorruptRowError, InvalidInputError
+from .models import EvalJob, Job, JobId, JobOutcome, JobStatus, Run, RunId, RunStatus
+
+# Built once: msgspec encoders and decoders are reusable and much faster than per-call ones.
+_encode: Final = msgspec.json.Encoder().encode
+_decode_models: Final = msgspec.json.Decoder(list[str]).decode
+_decode_spec: Final = msgspec.json.Decoder(EvalJob).decode
+_decode_outcome: Final = msgspec.json.Decoder(JobOutcome).decode
+
+_INT64_MIN: Final = -(2**63)
+_INT64_MAX: Final = 2**63 - 1
+
+# Fixed width, always with microseconds: text order is time order. msgspec and isoformat()
+# both drop a zero fraction, so neither output is stored as is.
+_TIMESTAMP_FORMAT: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
+_TIMESTAMP_LENGTH: Final = len("2026-01-01T00:00:00.000000Z")
+
+# Columns, in the order every SELECT and RETURNING lists them (see _sqlite.py).
+RUN_COLUMNS: Final = "id, manifest, models, epochs, job_count, status, created_at, done_count"
+JOB_COLUMNS: Final = "id, run_id, spec, status, attempt, outcome"
+
+
+def format_timestamp(value: datetime, *, what: str) -> str:
+    """``value`` as fixed-width RFC 3339 UTC text; a naive datetime is refused."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidInputError(
+            f"{what} {value!r} has no time zone; pass an aware datetime, "
+            "e.g. datetime.now(timezone.utc)"
+        )
+    return value.astimezone(UTC).strftime(_TIMESTAMP_FORMAT)
+
+
+def _parse_timestamp(text: str) -> datetime:
+    if len(text) != _TIMESTAMP_LENGTH:
+        raise ValueError("not fixed-width")
+    return datetime.strptime(text, _TIMESTAMP_FORMAT).replace(tzinfo=UTC)
+
+
+def _check_int(value: object, *, what: str, minimum: int = _INT64_MIN) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidInputError(f"{what} must be an int, got {value!r}")
+    if not minimum <= value <= _INT64_MAX:
+        raise InvalidInputError(
+            f"{what} is {value}, outside {minimum}..{_INT64_MAX}; "
+            "SQLite stores 64-bit integers, so pass a value in that range"
+        )
+
+
+def _check_uuid(value: object, *, what: str) -> str:
+    if not isinstance(value, uuid.UUID):
+        raise InvalidInputError(f"{what} must be a uuid.UUID, got {value!r}")
+    return str(value)
+
+
+def _check_str(value: object, *, what: str) -> None:
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{what} must be a str, got {value!r}")
+
+
+def _json(value: object, *, what: str) -> str:
+    try:
+        return _encode(value).decode()
+    except (TypeError, OverflowError, msgspec.EncodeError) as exc:
+        raise InvalidInputError(f"{what} cannot be stored as JSON: {exc}") from exc
+
+
+def run_params(run: Run) -> tuple[str, str, str, int, int, str, str, int]:
+    """The ``runs`` row for ``run``, in RUN_COLUMNS order."""
+    if not isinstance(run, Run):
+        raise InvalidInputError(f"expected a Run, got {type(run).__name__}: {run!r}")
+    run_id = _check_uuid(run.id, what="Run.id")
+    where = f"run {run_id}"
+    _check_str(run.manifest, what=f"{where}: manifest")
+    if not isinstance(run.models, list) or not all(isinstance(m, str) for m in run.models):
+        raise InvalidInputError(f"{where}: models must be a list of str, got {run.models!r}")
+    _check_int(run.epochs, what=f"{where}: epochs", minimum=1)
+    _check_int(run.job_count, what=f"{where}: job_count", minimum=0)
+    _check_int(run.done_count, what=f"{where}: done_count", minimum=0)
+    if run.done_count > run.job_count:
+        raise InvalidInputError(
+            f"{where}: done_count {run.done_count} exceeds job_count {run.job_count}"
+        )
+    try:
+        status = RunStatus(run.status)
+    except ValueError:
+        raise InvalidInputError(
+            f"{where}: status {run.status!r} is not one of {[s.value for s in RunStatus]}"
+        ) from None
+    if not isinstance(run.created_at, datetime):
+        raise InvalidInputError(f"{where}: created_at must be a datetime, got {run.created_at!r}")
+    created_at = format_timestamp(run.created_at, what=f"{where}: created_at")
+    return (
+        run_id,
+        run.manifest,
+        _json(run.models, what=f"{where}: models"),
+        run.epochs,
+        run.job_count,
+        status.value,
+        created_at,
+        run.done_count,
+    )
+
+
+def outcome_json(outcome: JobOutcome) -> str:
+    """The ``outcome`` column for ``outcome``."""
+    if not isinstance(outcome, JobOutcome):
+        raise InvalidInputError(f"expected a JobOutcome, got {type(outcome).__name__}: {outcome!r}")
+    where = f"outcome for job {outcome.job_id}"
+    _check_uuid(outcome.job_id, what="JobOutcome.job_id")
+    score = outcome.score
+    if score is not None:
+        if not isinstance(score, int | float) or isinstance(score, bool):
+            raise InvalidInputError(f"{where}: score must be a float or None, got {score!r}")
+        if not math.isfinite(score):
+            raise InvalidInputError(
+                f"{where}: score {score!r} is not finite and JSON cannot hold it; "
+                "report a failed evaluation with error=... and score=None"
+            )
+    _check_str(outcome.output, what=f"{where}: output")
+    if outcome.error is not None:
+        _check_str(outcome.error, what=f"{where}: error")
+    return _json(outcome, what=where)
+
+
+def job_params(job: Job) -> tuple[str, str, str, str, int, str | None]:
+    """The ``jobs`` row for ``job``, in JOB_COLUMNS order."""
+    if not isinstance(job, Job):
+        raise InvalidInputError(f"expected a Job, got {type(job).__name__}: {job!r}")
+    job_id = _check_uuid(job.id, what="Job.id")
+    where = f"job {job_id}"
+    run_id = _check_uuid(job.run_id, what=f"{where}: run_id")
+    spec = job.spec
+    if not isinstance(spec, EvalJob):
+        raise InvalidInputError(f"{where}: spec must be an EvalJob, got {spec!r}")
+    _check_str(spec.model, what=f"{where}: spec.model")
+    _check_str(spec.sample_id, what=f"{where}: spec.sample_id")
+    _check_int(spec.epoch, what=f"{where}: spec.epoch")
+    try:
+        status = JobStatus(job.status)
+    except ValueError:
+        raise InvalidInputError(
+            f"{where}: status {job.status!r} is not one of {[s.value for s in JobStatus]}"
+        ) from None
+    _check_int(job.attempt, what=f"{where}: attempt", minimum=0)
+    outcome = None if job.outcome is None else outcome_json(job.outcome)
+    return (job_id, run_id, _json(spec, what=f"{where}: spec"), status.value, job.attempt, outcome)
+
+
+class _Reader:
+    """Reads one row's columns, turning any failure into a CorruptRowError."""
+
+    __slots__ = ("row", "row_id", "table")
+
+    def __init__(self, table: str, row: Sequence[Any]) -> None:
+        self.table = table
+        self.row = row
+        self.row_id = row[0] if isinstance(row[0], str) else repr(row[0])
+
+    def corrupt(self, column: str, value: object, why: str) -> CorruptRowError:
+        return CorruptRowError(
+            f"{self.table}.{column} of row {self.row_id} holds {value!r}, which this version "
+            f"cannot read ({why}); repair the row by hand or restore it from a backup",
+            table=self.table,
+            column=column,
+            row_id=self.row_id,
+            value=value,
+        )
+
+    def uuid(self, index: int, column: str) -> uuid.UUID:
+        value = self.row[index]
+        if not isinstance(value, str):
+            raise self.corrupt(column, value, "expected UUID text")
+        try:
+            return uuid.UUID(value)
+        except ValueError as exc:
+            raise self.corrupt(column, value, "expected a UUID") from exc
+
+    def text(self, index: int, column: str) -> str:
+        value = self.row[index]
+        if not isinstance(value, str):
+            raise self.corrupt(column, value, "expected text")
+        return value
+
+    def integer(self, index: int, column: str, minimum: int = 0) -> int:
+        value = self.row[index]
+        if not isinstance(value, int) or value < minimum:
+            raise self.corrupt(column, value, f"expected an integer >= {minimum}")
+        return value
+
+    def timestamp(self, index: int, column: str) -> datetime:
+        value = self.row[index]
+        why = "expected RFC 3339 UTC text like 2026-01-01T00:00:00.000000Z"
+        if not isinstance(value, str):
+            raise self.corrupt(column, value, why)
+        try:
+            return _parse_timestamp(value)
+        except ValueError as exc:
+            raise self.corrupt(column, value, why) from exc
+
+    def json(self, index: int, column: str, decode: Any) -> Any:
+        value = self.row[index]
+        if not isinstance(value, str | bytes):
+            raise self.corrupt(column, value, "expected JSON text")
+        try:
+            return decode(value)
+        except msgspec.DecodeError as exc:
+            raise self.corrupt(column, value, str(exc)) from exc
+
+    def enum(self, index: int, column: str, kind: type[RunStatus] | type[JobStatus]) -> Any:
+        value = self.row[index]
+        try:
+            return kind(value)
+        except ValueError as exc:
+            allowed = [s.value for s in kind]
+            raise self.corrupt(column, value, f"expected one of {allowed}") from exc
+
+
+def decode_run(row: Sequence[Any]) -> Run:
+    """A Run from a ``runs`` row selected as RUN_COLUMNS."""
+    r = _Reader("runs", row)
+    return Run(
+        r.text(1, "manifest"),
+        r.json(2, "models", _decode_models),
+        r.integer(3, "epochs", minimum=1),
+        r.integer(4, "job_count"),
+        id=RunId(r.uuid(0, "id")),
+        status=r.enum(5, "status", RunStatus),
+        created_at=r.timestamp(6, "created_at"),
+        done_count=r.integer(7, "done_count"),
+    )
+
+
+def decode_job(row: Sequence[Any]) -> Job:
+    """A Job from a ``jobs`` row selected as JOB_COLUMNS."""
+    r = _Reader("jobs", row)
+    outcome = None if row[5] is None else r.json(5, "outcome", _decode_outcome)
+    return Job(
+        r.uuid(1, "run_id"),
+        r.json(2, "spec", _decode_spec),
+        id=JobId(r.uuid(0, "id")),
+        status=r.enum(3, "status", JobStatus),
+        attempt=r.integer(4, "attempt"),
+        outcome=outcome,
+    )

@@ -1,0 +1,135 @@
+"""Embedded, versioned SQL migrations with sqlx's semantics.
+
+Files are ``NNNN_description.sql`` under ``migrations/<backend>/``. Each applied migration is
+tracked in ``_control_store_migrations`` with its version, description, SHA-384 checksum of the
+file (line endings normalised to LF, so a Windows checkout does not look "edited"), when it was
+installed, whether it succeeded and how long it took. This module finds and checks migrations;
+applying them is the backend's job (each in one write transaction with its bookkeeping row).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from .errors import (
+    DirtyMigrationError,
+    MigrationChangedError,
+    MigrationError,
+    UnknownMigrationError,
+)
+
+TRACKING_TABLE: Final = "_control_store_migrations"
+_FILE_NAME: Final = re.compile(r"^(\d+)_(\w+)\.sql$")
+_PACKAGE: Final = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One migration file."""
+
+    version: int
+    description: str
+    sql: str
+    checksum: bytes
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedMigration:
+    """One row of the tracking table."""
+
+    version: int
+    description: str
+    checksum: bytes
+    success: bool
+
+
+def migrations_dir(backend: str) -> Path:
+    """Where ``backend``'s migration files are.
+
+    In a wheel they are inside the package (``control_store/migrations``, put there by the
+    build); in a source checkout or an editable install they are at the repository's top.
+    """
+    for root in (_PACKAGE / "migrations", _PACKAGE.parent / "migrations"):
+        if (root / backend).is_dir():
+            return root / backend
+    raise MigrationError(
+        f"no migrations for {backend!r} found in {_PACKAGE / 'migrations'} or "
+        f"{_PACKAGE.parent / 'migrations'}; the installation is incomplete: reinstall control-store"
+    )
+
+
+def checksum(sql_bytes: bytes) -> bytes:
+    """SHA-384 of a migration file with CRLF and CR line endings normalised to LF."""
+    normalised = sql_bytes.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    return hashlib.sha384(normalised).digest()
+
+
+def load_migrations(backend: str, directory: Path | None = None) -> list[Migration]:
+    """Every migration of ``backend``, in version order."""
+    root = migrations_dir(backend) if directory is None else directory
+    found: dict[int, Migration] = {}
+    for path in sorted(root.iterdir()):
+        if path.suffix != ".sql":
+            continue
+        match = _FILE_NAME.match(path.name)
+        if match is None:
+            raise MigrationError(
+                f"migration file {path} is not named NNNN_description.sql; rename it"
+            )
+        version = int(match.group(1))
+        if version in found:
+            raise MigrationError(
+                f"migration files {found[version].path.name} and {path.name} share version "
+                f"{version}; give each migration its own version"
+            )
+        raw = path.read_bytes()
+        found[version] = Migration(
+            version=version,
+            description=match.group(2).replace("_", " "),
+            sql=raw.decode("utf-8"),
+            checksum=checksum(raw),
+            path=path,
+        )
+    return [found[v] for v in sorted(found)]
+
+
+def pending(
+    known: Sequence[Migration], applied: Iterable[AppliedMigration], *, database: str
+) -> list[Migration]:
+    """The known migrations not yet applied, after checking the applied ones are sound.
+
+    Refuses, as sqlx does, a migration recorded as failed, a database holding a version this
+    library does not have (it was migrated by a newer release), and an applied migration whose
+    file has changed since.
+    """
+    by_version = {m.version: m for m in known}
+    done: set[int] = set()
+    for row in applied:
+        if not row.success:
+            raise DirtyMigrationError(
+                f"migration {row.version} ({row.description}) of {database} is recorded as "
+                f"failed; inspect the schema, repair it, then delete that row from "
+                f"{TRACKING_TABLE} to run it again"
+            )
+        mine = by_version.get(row.version)
+        if mine is None:
+            newest = max(by_version, default=0)
+            raise UnknownMigrationError(
+                f"{database} has migration {row.version} ({row.description}) applied, but this "
+                f"version of control_store knows migrations only up to {newest}; the database "
+                "was migrated by a newer release: upgrade control-store to use it"
+            )
+        if mine.checksum != row.checksum:
+            raise MigrationChangedError(
+                f"migration {row.version} ({row.description}) of {database} was applied with a "
+                f"different checksum than {mine.path.name} has now; applied migrations must "
+                "never be edited: restore the file and put the change in a new migration"
+            )
+        done.add(row.version)
+    return [m for m in known if m.version not in done]

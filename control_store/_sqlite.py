@@ -1,0 +1,677 @@
+"""The SQLite backend: URL and options, SQL text, the connection's thread, error translation.
+
+Everything SQLite-specific lives here, so that another backend is an addition, not a rewrite.
+
+Shape of every call: the whole transaction is one synchronous function run on aiosqlite's
+worker thread, so each call costs one thread hop (~15-20 µs) and no transaction can be left
+open by a cancelled task: the function always ends in COMMIT or ROLLBACK before the thread
+takes the next one. Write calls that arrive while the thread is busy are grouped into one
+transaction and one commit (group commit), each in its own savepoint, so one caller's error
+rolls back only its own work and every caller gets its own result only after the commit that
+holds its write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Final, TypeVar, cast
+
+import aiosqlite
+
+from . import _codec, _migrate
+from .errors import (
+    AlreadyExistsError,
+    ConfigurationError,
+    ConstraintError,
+    ControlError,
+    DatabaseBusyError,
+    MissingRunError,
+    NotFoundError,
+    StorageError,
+    StoreClosedError,
+    WrongRunError,
+)
+from .models import Job, Run, utc_now
+
+T = TypeVar("T")
+Op = Callable[[sqlite3.Connection], T]
+
+MEMORY: Final = ":memory:"
+_SCHEME: Final = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+_CREDENTIALS: Final = re.compile(r"//([^/@:]*):[^/@]*@")
+
+# ---------------------------------------------------------------------------------------------
+# SQL. Columns are listed in _codec.RUN_COLUMNS / JOB_COLUMNS order; values are always bound.
+
+_RUN_COLUMNS: Final = _codec.RUN_COLUMNS
+_JOB_COLUMNS: Final = _codec.JOB_COLUMNS
+
+INSERT_RUN: Final = f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+SELECT_RUN: Final = f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = ?"
+INSERT_JOB: Final = f"INSERT INTO jobs ({_JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"
+SELECT_JOB: Final = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?"
+# rowid: jobs come back in the order they were inserted.
+SELECT_JOBS_OF_RUN: Final = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE run_id = ? ORDER BY rowid"
+
+# The claim is one statement, so two claimers can never both see the same run as queued: the
+# subquery and the update run under the write lock that BEGIN IMMEDIATE took. idx_runs_status
+# serves the subquery (status, created_at, then the implicit rowid for ties in insertion order).
+# RETURNING keeps the lock and reports rowcount 0 until every row is fetched: fetch all at once.
+CLAIM_NEXT_RUN: Final = f"""
+UPDATE runs SET status = 'running'
+WHERE id = (
+    SELECT id FROM runs WHERE status = 'queued' ORDER BY created_at, rowid LIMIT 1
+)
+RETURNING {_RUN_COLUMNS}
+"""
+
+# The record's guard: only a job of this run that is not yet done changes, so a redelivered
+# outcome (at-least-once delivery) changes nothing and the first delivery wins.
+MARK_JOB_DONE: Final = """
+UPDATE jobs SET status = 'done', outcome = ?
+WHERE id = ? AND run_id = ? AND status != 'done'
+"""
+# Run only when MARK_JOB_DONE changed exactly one row: progress advances once per job.
+ADVANCE_RUN: Final = """
+UPDATE runs
+SET done_count = done_count + 1,
+    status = CASE WHEN done_count + 1 >= job_count THEN 'done' ELSE status END
+WHERE id = ?
+"""
+# Why a record changed nothing: no such job, another run's job, or a redelivery.
+SELECT_JOB_RUN: Final = "SELECT run_id FROM jobs WHERE id = ?"
+SELECT_MISSING_RUN: Final = "SELECT 1 FROM runs WHERE id = ?"
+
+CREATE_TRACKING_TABLE: Final = f"""
+CREATE TABLE IF NOT EXISTS {_migrate.TRACKING_TABLE} (
+    version         INTEGER PRIMARY KEY NOT NULL,
+    description     TEXT    NOT NULL,
+    installed_on    TEXT    NOT NULL,
+    success         INTEGER NOT NULL,
+    checksum        BLOB    NOT NULL,
+    execution_time  INTEGER NOT NULL
+)
+"""
+SELECT_APPLIED: Final = (
+    f"SELECT version, description, checksum, success, installed_on "
+    f"FROM {_migrate.TRACKING_TABLE} ORDER BY version"
+)
+INSERT_APPLIED: Final = (
+    f"INSERT INTO {_migrate.TRACKING_TABLE} "
+    "(version, description, installed_on, success, checksum, execution_time) "
+    "VALUES (?, ?, ?, 1, ?, ?)"
+)
+SELECT_TRACKING_EXISTS: Final = "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?"
+
+
+# ---------------------------------------------------------------------------------------------
+# URL and options
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """What ``Store.connect(url, **options)`` accepts, validated."""
+
+    busy_timeout: float
+    synchronous: str
+    migrate: bool
+
+
+_SYNCHRONOUS: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+def redact(url: str) -> str:
+    """``url`` with any password replaced, fit to appear in a message."""
+    return _CREDENTIALS.sub(r"//\1:***@", url)
+
+
+def parse_options(options: dict[str, object]) -> Options:
+    """Validate ``Store.connect``'s keyword options."""
+    allowed = {"busy_timeout", "synchronous", "migrate"}
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ConfigurationError(
+            f"unknown option {unknown[0]}={options[unknown[0]]!r}; "
+            f"Store.connect accepts {sorted(allowed)}"
+        )
+    busy_timeout = options.get("busy_timeout", 5.0)
+    if (
+        not isinstance(busy_timeout, int | float)
+        or isinstance(busy_timeout, bool)
+        or not 0 <= busy_timeout <= 86_400
+    ):
+        raise ConfigurationError(
+            f"busy_timeout={busy_timeout!r} must be a number of seconds from 0 to 86400"
+        )
+    synchronous = options.get("synchronous", "FULL")
+    if not isinstance(synchronous, str) or synchronous.upper() not in _SYNCHRONOUS:
+        raise ConfigurationError(
+            f"synchronous={synchronous!r} must be one of {list(_SYNCHRONOUS)}; "
+            "FULL (the default) survives power loss, NORMAL survives a process crash"
+        )
+    migrate = options.get("migrate", True)
+    if not isinstance(migrate, bool):
+        raise ConfigurationError(f"migrate={migrate!r} must be True or False")
+    return Options(float(busy_timeout), synchronous.upper(), migrate)
+
+
+def parse_url(url: str | os.PathLike[str]) -> str:
+    """The SQLite file path (or ``:memory:``) that ``url`` names, as sqlx reads it.
+
+    ``sqlite::memory:``, ``sqlite://relative/path.db``, ``sqlite:///absolute/path.db``,
+    ``sqlite:path.db``, or a plain path. The directory must exist; the file is created.
+    """
+    if isinstance(url, os.PathLike):
+        path = os.fspath(url)
+    elif isinstance(url, str):
+        match = _SCHEME.match(url)
+        scheme = match.group(1).lower() if match else None
+        if scheme is None or (len(scheme) == 1 and url[2:3] in ("\\", "/")):
+            path = url  # a plain path (a Windows drive letter is not a scheme)
+        elif scheme == "sqlite":
+            rest = url[len("sqlite:") :]
+            if "?" in rest:
+                raise ConfigurationError(
+                    f"URL {redact(url)!r} has query parameters, which are not supported; "
+                    "pass options as keyword arguments: Store.connect(url, busy_timeout=...)"
+                )
+            path = rest[2:] if rest.startswith("//") else rest
+            if path in (MEMORY, "", "memory"):
+                if path != MEMORY:
+                    raise ConfigurationError(
+                        f"URL {url!r} names no file; use sqlite://path/to/file.db or "
+                        "sqlite::memory:"
+                    )
+                return MEMORY
+        elif scheme in ("postgres", "postgresql"):
+            raise ConfigurationError(
+                f"URL {redact(url)!r} asks for PostgreSQL, which this version of control_store "
+                "does not support yet; use a sqlite:// URL"
+            )
+        else:
+            raise ConfigurationError(
+                f"URL {redact(url)!r} has the unknown scheme {scheme!r}; use "
+                "sqlite://relative/path.db, sqlite:///absolute/path.db or sqlite::memory:"
+            )
+    else:
+        raise ConfigurationError(
+            f"expected a URL string or a path, got {type(url).__name__}: {url!r}"
+        )
+    if path == MEMORY:
+        return MEMORY
+    if not path:
+        raise ConfigurationError("the database path is empty; name a file, e.g. control.db")
+    directory = Path(path).parent
+    if not directory.is_dir():
+        raise ConfigurationError(
+            f"cannot open {path!r}: directory {str(directory)!r} does not exist; create it first "
+            "(the store creates the file, not its directory)"
+        )
+    if Path(path).is_dir():
+        raise ConfigurationError(f"cannot open {path!r}: it is a directory; name a file in it")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Error translation: the one place sqlite3 and aiosqlite errors become ControlErrors.
+
+
+def translate(exc: BaseException, *, database: str, busy_timeout: float) -> BaseException:
+    """The ``ControlError`` that explains ``exc``, with ``exc`` as its cause.
+
+    ControlErrors pass through; exceptions that are not driver errors (bugs, cancellation) are
+    returned unchanged.
+    """
+    if isinstance(exc, ControlError):
+        return exc
+    error: ControlError
+    if isinstance(exc, sqlite3.Error):
+        name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+        detail = f"{exc} ({name})"
+        if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+            error = DatabaseBusyError(
+                f"{database} is locked: another connection held its write lock for longer than "
+                f"busy_timeout={busy_timeout:g}s [{detail}]; retry the call, or connect with a "
+                "larger busy_timeout"
+            )
+        elif name == "SQLITE_CONSTRAINT_FOREIGNKEY":
+            error = MissingRunError(f"a job refers to a run that does not exist [{detail}]")
+        elif name in ("SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE"):
+            error = AlreadyExistsError(f"a row with this id already exists [{detail}]")
+        elif name.startswith("SQLITE_CONSTRAINT"):
+            error = ConstraintError(f"{database} refused the write [{detail}]")
+        elif name == "SQLITE_FULL":
+            error = StorageError(
+                f"{database} is full: the disk or the database's page limit is reached "
+                f"[{detail}]; nothing of this call was written: free space and retry"
+            )
+            error.retryable = True
+        elif name.startswith("SQLITE_READONLY"):
+            error = StorageError(
+                f"{database} is read-only [{detail}]; make the file, its -wal and -shm files "
+                "and its directory writable by this process, then retry"
+            )
+            error.retryable = True
+        elif name == "SQLITE_NOTADB":
+            error = ConfigurationError(
+                f"{database} is not a SQLite database [{detail}]; it was left untouched: point "
+                "the URL at a control_store database or at a new file"
+            )
+        elif name.startswith("SQLITE_CORRUPT"):
+            error = StorageError(
+                f"{database} is corrupt [{detail}]; stop writing to it, run "
+                "'PRAGMA integrity_check' and restore it from a backup"
+            )
+        elif name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN")):
+            error = StorageError(
+                f"{database} cannot be read or written [{detail}]; check that the file and its "
+                "directory exist, are writable and that the disk is healthy, then retry"
+            )
+            error.retryable = True
+        elif isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc):
+            error = StoreClosedError(f"the store for {database} is closed; connect again")
+        else:
+            error = ControlError(f"{database} failed: {detail}")
+    elif isinstance(exc, ValueError) and str(exc) in ("Connection closed", "no active connection"):
+        error = StoreClosedError(f"the store for {database} is closed; connect again")
+    else:
+        return exc
+    error.__cause__ = exc
+    return error
+
+
+# ---------------------------------------------------------------------------------------------
+# The connection's thread. aiosqlite exposes no public way to run a function of ours on its
+# worker thread with the sqlite3 connection; these two private names are the whole of what we
+# rely on, checked here at import and by tests/test_sqlite_backend.py.
+
+if not (hasattr(aiosqlite.Connection, "_execute") and hasattr(aiosqlite.Connection, "_conn")):
+    raise ImportError(  # pragma: no cover - a loud failure if aiosqlite changes
+        "control_store needs aiosqlite.Connection._execute and ._conn, which this aiosqlite "
+        f"({aiosqlite.__version__}) lacks; install a version control_store supports"
+    )
+
+
+async def on_thread(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+    """Run ``fn(sqlite3_connection)`` on ``conn``'s worker thread: one hop."""
+    raw = conn._conn  # raises ValueError("no active connection") once closed
+    # _execute is untyped in aiosqlite; it returns whatever fn returned.
+    return cast(T, await conn._execute(fn, raw))  # type: ignore[no-untyped-call]
+
+
+# ---------------------------------------------------------------------------------------------
+# Connection setup and migrations (synchronous, on the worker thread).
+
+
+def configure(conn: sqlite3.Connection, *, file: bool, options: Options) -> None:
+    """Set the connection's pragmas, outside any transaction, in the order that works.
+
+    busy_timeout first (everything after may wait on a lock), foreign keys (as sqlx does), then
+    WAL for files: concurrent first openers can fail switching to WAL, so check and retry.
+    """
+    conn.execute(f"PRAGMA busy_timeout = {int(options.busy_timeout * 1000)}")
+    conn.execute("PRAGMA foreign_keys = ON")
+    if file:
+        deadline = time.monotonic() + options.busy_timeout
+        while True:
+            try:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            except sqlite3.OperationalError as exc:
+                name = getattr(exc, "sqlite_errorname", "")
+                if not name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+                    raise
+                mode = None
+                if time.monotonic() >= deadline:
+                    raise
+            if mode == "wal":
+                break
+            if time.monotonic() >= deadline:
+                raise StorageError(
+                    f"could not switch the database to WAL mode (it stayed {mode!r}); check "
+                    "that the file system supports shared memory (not a network share)"
+                )
+            time.sleep(0.01)
+    # Per connection; FULL syncs the WAL at every commit, NORMAL only at checkpoints.
+    conn.execute(f"PRAGMA synchronous = {options.synchronous}")
+
+
+def _statements(sql: str) -> Iterator[str]:
+    """Split a migration into statements (executescript would commit our transaction on 3.11)."""
+    buffer: list[str] = []
+    for line in sql.splitlines(keepends=True):
+        buffer.append(line)
+        candidate = "".join(buffer)
+        if sqlite3.complete_statement(candidate):
+            if candidate.strip():
+                yield candidate
+            buffer = []
+    rest = "".join(buffer)
+    if _strip_comments(rest).strip():
+        yield rest  # an unterminated last statement: let SQLite judge it
+
+
+def _strip_comments(sql: str) -> str:
+    return "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
+
+
+def _read_applied(conn: sqlite3.Connection) -> list[_migrate.AppliedMigration]:
+    if conn.execute(SELECT_TRACKING_EXISTS, (_migrate.TRACKING_TABLE,)).fetchone() is None:
+        return []
+    return [
+        _migrate.AppliedMigration(int(v), str(d), bytes(c), bool(s))
+        for v, d, c, s, _ in conn.execute(SELECT_APPLIED)
+    ]
+
+
+def migrate(conn: sqlite3.Connection, *, database: str) -> list[int]:
+    """Apply every pending migration; return the versions applied.
+
+    Each migration and its tracking row commit together in one BEGIN IMMEDIATE transaction,
+    and the tracking table is read only after the write lock is held, so processes connecting
+    to a fresh file at once apply each migration exactly once.
+    """
+    known = _migrate.load_migrations("sqlite")
+    applied: list[int] = []
+    while True:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(CREATE_TRACKING_TABLE)
+            todo = _migrate.pending(known, _read_applied(conn), database=database)
+            if not todo:
+                conn.execute("COMMIT")
+                return applied
+            migration = todo[0]
+            started = time.perf_counter_ns()
+            for statement in _statements(migration.sql):
+                conn.execute(statement)
+            conn.execute(
+                INSERT_APPLIED,
+                (
+                    migration.version,
+                    migration.description,
+                    _codec.format_timestamp(utc_now(), what="installed_on"),
+                    migration.checksum,
+                    time.perf_counter_ns() - started,
+                ),
+            )
+            conn.execute("COMMIT")
+            applied.append(migration.version)
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationState:
+    """One migration as the database and this library see it."""
+
+    version: int
+    description: str
+    installed_on: str | None
+
+
+def migration_status(conn: sqlite3.Connection, *, database: str) -> list[MigrationState]:
+    """Every known migration with when it was applied (None: pending); checks them too."""
+    known = _migrate.load_migrations("sqlite")
+    applied = _read_applied(conn)
+    _migrate.pending(known, applied, database=database)
+    installed: dict[int, str] = {}
+    if applied:
+        installed = {int(v): str(i) for v, _, _, _, i in conn.execute(SELECT_APPLIED)}
+    return [MigrationState(m.version, m.description, installed.get(m.version)) for m in known]
+
+
+# ---------------------------------------------------------------------------------------------
+# Operations: synchronous functions of the sqlite3 connection, run on the worker thread.
+# Write operations run inside the transaction (and savepoint) the group commit opened.
+
+
+def op_insert_run(params: tuple[Any, ...], conn: sqlite3.Connection) -> None:
+    try:
+        conn.execute(INSERT_RUN, params)
+    except sqlite3.IntegrityError as exc:
+        if getattr(exc, "sqlite_errorname", "") == "SQLITE_CONSTRAINT_PRIMARYKEY":
+            raise AlreadyExistsError(
+                f"run {params[0]} already exists; insert it once, or give the new run a "
+                "fresh id (Run(...) makes one by default)"
+            ) from exc
+        raise
+
+
+def op_get_run(run_id: str, conn: sqlite3.Connection) -> Run | None:
+    row = conn.execute(SELECT_RUN, (run_id,)).fetchone()
+    return None if row is None else _codec.decode_run(row)
+
+
+def op_get_job(job_id: str, conn: sqlite3.Connection) -> Job | None:
+    row = conn.execute(SELECT_JOB, (job_id,)).fetchone()
+    return None if row is None else _codec.decode_job(row)
+
+
+def op_list_jobs(run_id: str, conn: sqlite3.Connection) -> list[Job]:
+    return [_codec.decode_job(row) for row in conn.execute(SELECT_JOBS_OF_RUN, (run_id,))]
+
+
+def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
+    # executemany pulls one row at a time from the generator, so any iterable streams in
+    # bounded memory; `last` is the row being inserted when a constraint fails.
+    last: list[tuple[str, str, str, str, int, str | None]] = []
+
+    def rows() -> Iterator[tuple[str, str, str, str, int, str | None]]:
+        for job in jobs:
+            params = _codec.job_params(job)
+            last[:] = [params]
+            yield params
+
+    try:
+        cursor = conn.executemany(INSERT_JOB, rows())
+    except sqlite3.IntegrityError as exc:
+        name = getattr(exc, "sqlite_errorname", "")
+        if last and name == "SQLITE_CONSTRAINT_PRIMARYKEY":
+            raise AlreadyExistsError(
+                f"job {last[0][0]} already exists; no job of this call was inserted: drop it "
+                "from the batch, or give it a fresh id"
+            ) from exc
+        if last and name == "SQLITE_CONSTRAINT_FOREIGNKEY":
+            raise MissingRunError(
+                f"job {last[0][0]} refers to run {last[0][1]}, which does not exist; no job of "
+                "this call was inserted: insert the run first"
+            ) from exc
+        raise
+    return cursor.rowcount
+
+
+def op_claim_next_run(conn: sqlite3.Connection) -> Run | None:
+    rows = conn.execute(CLAIM_NEXT_RUN).fetchall()
+    return _codec.decode_run(rows[0]) if rows else None
+
+
+def op_record_outcome(
+    run_id: str, job_id: str, outcome_json: str, conn: sqlite3.Connection
+) -> bool:
+    if conn.execute(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount == 1:
+        conn.execute(ADVANCE_RUN, (run_id,))
+        return True
+    row = conn.execute(SELECT_JOB_RUN, (job_id,)).fetchone()
+    if row is None:
+        raise NotFoundError(
+            f"job {job_id} does not exist (outcome reported for run {run_id}); nothing was "
+            "recorded: check the job id the worker reported"
+        )
+    if row[0] != run_id:
+        raise WrongRunError(
+            f"job {job_id} belongs to run {row[0]}, not to run {run_id}; nothing was "
+            "recorded: report the outcome with the job's own run id"
+        )
+    return False  # a redelivery: the first outcome stands
+
+
+# ---------------------------------------------------------------------------------------------
+# The backend: one connection, reads as single hops, writes through the group commit.
+
+
+class SqliteBackend:
+    """One aiosqlite connection used as a one-writer pool."""
+
+    def __init__(self, conn: aiosqlite.Connection, *, database: str, options: Options) -> None:
+        self._conn = conn
+        self._database = database
+        self._busy_timeout = options.busy_timeout
+        self._pending: list[tuple[Op[Any], asyncio.Future[Any]]] = []
+        self._writing = False
+        self._flusher: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, url: str | os.PathLike[str], options: Options) -> SqliteBackend:
+        path = parse_url(url)
+        database = "the in-memory database" if path == MEMORY else f"database {path!r}"
+        try:
+            conn = await aiosqlite.connect(path, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise translate(exc, database=database, busy_timeout=options.busy_timeout) from exc
+        backend = cls(conn, database=database, options=options)
+        try:
+            await backend.read(partial(configure, file=path != MEMORY, options=options))
+            if options.migrate:
+                await backend.read(backend.migrate_op)
+        except BaseException:
+            await backend.close()
+            raise
+        return backend
+
+    async def close(self) -> None:
+        while self._flusher is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._flusher)
+        with contextlib.suppress(Exception):
+            await self._conn.close()
+
+    def migrate_op(self, conn: sqlite3.Connection) -> list[int]:
+        return migrate(conn, database=self._database)
+
+    def migration_status_op(self, conn: sqlite3.Connection) -> list[MigrationState]:
+        return migration_status(conn, database=self._database)
+
+    def _translate(self, exc: BaseException) -> BaseException:
+        return translate(exc, database=self._database, busy_timeout=self._busy_timeout)
+
+    async def read(self, op: Op[T]) -> T:
+        """Run ``op`` on the worker thread outside any explicit transaction: one hop."""
+        try:
+            return await on_thread(self._conn, op)
+        except Exception as exc:
+            raise self._translate(exc) from exc
+
+    async def write(self, op: Op[T]) -> T:
+        """Run ``op`` in a write transaction, grouped with any writes waiting meanwhile."""
+        if self._writing:
+            future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+            self._pending.append((op, future))
+            return await future
+        # Nobody is writing: go straight to the thread, and let writers that arrive meanwhile
+        # queue up for one group transaction after this one.
+        self._writing = True
+        try:
+            ((ok, value),) = await on_thread(self._conn, partial(self._transact, [op]))
+        except Exception as exc:
+            raise self._translate(exc) from exc
+        finally:
+            self._writing = False
+            if self._pending:
+                self._start_flusher()
+        if ok:
+            return cast(T, value)
+        raise value
+
+    def _start_flusher(self) -> None:
+        self._writing = True
+        self._flusher = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                # A caller cancelled before its turn is dropped: its call takes no effect.
+                batch = [(op, fut) for op, fut in self._pending if not fut.done()]
+                self._pending = []
+                if not batch:
+                    continue
+                ops = [op for op, _ in batch]
+                try:
+                    results = await on_thread(self._conn, partial(self._transact, ops))
+                except Exception as exc:
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(self._translate(exc))
+                    continue
+                for (_, fut), (ok, value) in zip(batch, results, strict=True):
+                    if not fut.done():
+                        if ok:
+                            fut.set_result(value)
+                        else:
+                            fut.set_exception(value)
+        finally:
+            self._writing = False
+            self._flusher = None
+            for _, fut in self._pending:  # only if this task itself was cancelled
+                if not fut.done():
+                    fut.set_exception(StoreClosedError(f"the store for {self._database} closed"))
+            self._pending = []
+
+    def _transact(self, ops: Sequence[Op[Any]], conn: sqlite3.Connection) -> list[tuple[bool, Any]]:
+        """On the thread: run ``ops`` in one BEGIN IMMEDIATE transaction and one commit.
+
+        Returns (True, result) or (False, error) per op. With several ops each runs in its own
+        savepoint, so a failing op rolls back only itself; an error that ends the transaction
+        itself (disk full, I/O) or a failed COMMIT fails every op, none of which took effect.
+        """
+        try:
+            # IMMEDIATE: a deferred transaction that reads then writes gets SQLITE_BUSY at once
+            # across processes, ignoring busy_timeout; IMMEDIATE waits for the lock properly.
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            return [(False, self._translate(exc)) for _ in ops]
+        results: list[tuple[bool, Any]] = []
+        try:
+            if len(ops) == 1:
+                results.append(self._attempt(ops[0], conn))
+                if not results[0][0]:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    return results
+            else:
+                for op in ops:
+                    conn.execute("SAVEPOINT group_commit")
+                    result = self._attempt(op, conn)
+                    if not conn.in_transaction:
+                        # The error rolled back the whole transaction: nothing here committed.
+                        # Each caller gets its own error instance, translated afresh.
+                        error = result[1]
+                        cause = error.__cause__ or error
+                        return [(False, self._translate(cause)) for _ in ops]
+                    if not result[0]:
+                        conn.execute("ROLLBACK TO group_commit")
+                    conn.execute("RELEASE group_commit")
+                    results.append(result)
+            conn.execute("COMMIT")
+        except Exception as exc:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            return [(False, self._translate(exc)) for _ in ops]
+        return results
+
+    def _attempt(self, op: Op[Any], conn: sqlite3.Connection) -> tuple[bool, Any]:
+        try:
+            return (True, op(conn))
+        except Exception as exc:
+            return (False, self._translate(exc))

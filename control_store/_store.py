@@ -1,0 +1,186 @@
+"""The public ``Store``: validates arguments, then hands each call to the backend."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Generator, Iterable
+from types import TracebackType
+from typing import Any, Self
+
+from . import _codec, _sqlite
+from .errors import InvalidInputError, StoreClosedError
+from .models import Job, JobOutcome, Run
+
+__all__ = ["MigrationState", "Store"]
+
+MigrationState = _sqlite.MigrationState
+
+
+def _id(value: object, *, what: str) -> str:
+    if not isinstance(value, uuid.UUID):
+        raise InvalidInputError(
+            f"{what} must be a uuid.UUID, got {type(value).__name__}: {value!r}; "
+            f"wrap a string id as uuid.UUID({str(value)!r})"
+        )
+    return str(value)
+
+
+class _Connecting:
+    """What ``Store.connect`` returns: ``await`` it for a store, or ``async with`` it."""
+
+    __slots__ = ("_options", "_store", "_url")
+
+    def __init__(self, url: str | os.PathLike[str], options: dict[str, Any]) -> None:
+        self._url = url
+        self._options = options
+        self._store: Store | None = None
+
+    async def _open(self) -> Store:
+        options = _sqlite.parse_options(self._options)
+        backend = await _sqlite.SqliteBackend.open(self._url, options)
+        return Store(backend)
+
+    def __await__(self) -> Generator[Any, None, Store]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> Store:
+        self._store = await self._open()
+        return self._store
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._store is not None:
+            await self._store.close()
+
+
+class Store:
+    """The durable control plane: runs, their jobs, atomic claims, idempotent outcomes.
+
+    Open one with ``await Store.connect(url)`` or ``async with Store.connect(url) as store``.
+    ``async with store`` closes the store on exit; it never means "commit": every call is
+    its own committed transaction by the time it returns.
+    """
+
+    def __init__(self, backend: _sqlite.SqliteBackend) -> None:
+        self._backend: _sqlite.SqliteBackend | None = backend
+
+    @staticmethod
+    def connect(url: str | os.PathLike[str], **options: Any) -> _Connecting:
+        """Open the store at ``url``, creating the file and migrating it as needed.
+
+        URLs: ``sqlite://relative/path.db``, ``sqlite:///absolute/path.db``, ``sqlite::memory:``,
+        or a plain path. Options: ``busy_timeout`` (seconds to wait for another process's
+        write lock, default 5), ``synchronous`` (``"FULL"``, the default, survives power loss;
+        ``"NORMAL"`` survives a process crash), ``migrate`` (apply pending migrations at
+        connect, default True).
+        """
+        return _Connecting(url, options)
+
+    @staticmethod
+    def in_memory(**options: Any) -> _Connecting:
+        """A store on a private in-memory database (``sqlite::memory:``)."""
+        return _Connecting(_sqlite.MEMORY, options)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` has been called."""
+        return self._backend is None
+
+    async def close(self) -> None:
+        """Finish the calls in flight, then close the connection. Idempotent."""
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            await backend.close()
+
+    def _open(self) -> _sqlite.SqliteBackend:
+        if self._backend is None:
+            raise StoreClosedError("the store is closed; open a new one with Store.connect(url)")
+        return self._backend
+
+    async def insert_run(self, run: Run) -> None:
+        """Store a new run. A run with the same id is refused (``AlreadyExistsError``)."""
+        backend = self._open()
+        params = _codec.run_params(run)
+        await backend.write(lambda conn: _sqlite.op_insert_run(params, conn))
+
+    async def get_run(self, run_id: uuid.UUID) -> Run | None:
+        """The run with this id, or None."""
+        backend = self._open()
+        key = _id(run_id, what="run_id")
+        return await backend.read(lambda conn: _sqlite.op_get_run(key, conn))
+
+    async def insert_jobs(self, jobs: Iterable[Job]) -> None:
+        """Store jobs in one transaction: all of them, or none on any error.
+
+        Any iterable works, a generator included; it is consumed on the store's worker thread,
+        in bounded memory, so it must not touch the event loop.
+        """
+        backend = self._open()
+        if isinstance(jobs, Job) or not isinstance(jobs, Iterable):
+            raise InvalidInputError(
+                f"insert_jobs takes an iterable of Job, got {type(jobs).__name__}; "
+                "wrap a single job in a list"
+            )
+        await backend.write(lambda conn: _sqlite.op_insert_jobs(jobs, conn))
+
+    async def get_job(self, job_id: uuid.UUID) -> Job | None:
+        """The job with this id, or None."""
+        backend = self._open()
+        key = _id(job_id, what="job_id")
+        return await backend.read(lambda conn: _sqlite.op_get_job(key, conn))
+
+    async def list_jobs(self, run_id: uuid.UUID) -> list[Job]:
+        """The jobs of a run, in the order they were inserted (empty if there are none)."""
+        backend = self._open()
+        key = _id(run_id, what="run_id")
+        return await backend.read(lambda conn: _sqlite.op_list_jobs(key, conn))
+
+    async def claim_next_run(self) -> Run | None:
+        """Atomically move the oldest queued run to running and return it; None if none.
+
+        No two claimers, in this process or any other on the same database, get the same run.
+        """
+        backend = self._open()
+        return await backend.write(_sqlite.op_claim_next_run)
+
+    async def record_job_outcome(self, run_id: uuid.UUID, outcome: JobOutcome) -> bool:
+        """Record a job's outcome once; True if newly recorded, False for a redelivery.
+
+        In one transaction: the job becomes done only if it belongs to ``run_id`` and is not
+        done yet; only then the run's ``done_count`` advances, and the run becomes done when
+        every job is. An outcome for an unknown job (``NotFoundError``) or another run's job
+        (``WrongRunError``) changes nothing.
+        """
+        backend = self._open()
+        run_key = _id(run_id, what="run_id")
+        payload = _codec.outcome_json(outcome)
+        job_key = str(outcome.job_id)
+        return await backend.write(
+            lambda conn: _sqlite.op_record_outcome(run_key, job_key, payload, conn)
+        )
+
+    async def migrate(self) -> list[int]:
+        """Apply pending migrations (connect does this unless ``migrate=False``)."""
+        backend = self._open()
+        return await backend.read(backend.migrate_op)
+
+    async def migration_status(self) -> list[MigrationState]:
+        """Every migration this library has, with when it was applied (None: pending)."""
+        backend = self._open()
+        return await backend.read(backend.migration_status_op)

@@ -1,0 +1,123 @@
+"""Every failure a caller of ``control_store`` can see.
+
+All of them derive from :class:`ControlError`, so ``except ControlError`` catches everything the
+store raises on purpose; a driver exception (``sqlite3``, ``aiosqlite``, ``msgspec``) never escapes,
+it is chained as ``__cause__`` of the error that explains it. Each message says what happened,
+to what (the id, the column, the value), and what to do::
+
+    ControlError
+    ├── StoreClosedError          a call on a store after close()
+    ├── ConfigurationError        bad URL, unknown option, missing directory, not a database
+    ├── InvalidInputError         a value the store cannot keep (naive datetime, epochs < 1, ...)
+    ├── NotFoundError             an outcome for a job the store does not have
+    ├── WrongRunError             an outcome for a job that belongs to another run
+    ├── ConstraintError           the database refused a write that breaks its rules
+    │   ├── AlreadyExistsError    a run or job id that is already stored
+    │   └── MissingRunError       a job whose run does not exist
+    ├── CorruptRowError           a stored value this version cannot read (table, column, id, value)
+    ├── MigrationError            the schema cannot be brought up to date
+    │   ├── MigrationChangedError an applied migration's file was edited afterwards
+    │   ├── UnknownMigrationError the database holds a migration this library does not have
+    │   └── DirtyMigrationError   a migration was recorded as failed
+    ├── DatabaseBusyError         another connection held the write lock past busy_timeout;
+    │                             retryable (``retryable`` is True)
+    └── StorageError              the file system refused: disk full, read-only, I/O error
+
+Errors that a retry may cure carry ``retryable = True``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AlreadyExistsError",
+    "ConfigurationError",
+    "ConstraintError",
+    "ControlError",
+    "CorruptRowError",
+    "DatabaseBusyError",
+    "DirtyMigrationError",
+    "InvalidInputError",
+    "MigrationChangedError",
+    "MigrationError",
+    "MissingRunError",
+    "NotFoundError",
+    "StorageError",
+    "StoreClosedError",
+    "UnknownMigrationError",
+    "WrongRunError",
+]
+
+
+class ControlError(Exception):
+    """The root of every error ``control_store`` raises."""
+
+    retryable: bool = False
+
+
+class StoreClosedError(ControlError):
+    """A call was made on a store that has been closed."""
+
+
+class ConfigurationError(ControlError):
+    """The URL or an option given to ``Store.connect`` cannot be used."""
+
+
+class InvalidInputError(ControlError, ValueError):
+    """A value passed in cannot be stored faithfully; nothing was written."""
+
+
+class NotFoundError(ControlError, LookupError):
+    """The thing a call refers to is not in the store."""
+
+
+class WrongRunError(ControlError):
+    """An outcome names a job that belongs to a different run."""
+
+
+class ConstraintError(ControlError):
+    """The database refused a write that would break one of its constraints."""
+
+
+class AlreadyExistsError(ConstraintError):
+    """A run or job with this id is already stored."""
+
+
+class MissingRunError(ConstraintError):
+    """A job refers to a run that does not exist."""
+
+
+class CorruptRowError(ControlError):
+    """A stored value cannot be read by this version of the library."""
+
+    def __init__(self, message: str, *, table: str, column: str, row_id: str, value: object):
+        super().__init__(message)
+        self.table = table
+        self.column = column
+        self.row_id = row_id
+        self.value = value
+
+
+class MigrationError(ControlError):
+    """The database schema cannot be brought to the version this library needs."""
+
+
+class MigrationChangedError(MigrationError):
+    """A migration that was applied has been modified since."""
+
+
+class UnknownMigrationError(MigrationError):
+    """The database was migrated by a newer version of the library."""
+
+
+class DirtyMigrationError(MigrationError):
+    """A migration is recorded as started but not successfully finished."""
+
+
+class DatabaseBusyError(ControlError):
+    """Another connection held the database's write lock for longer than ``busy_timeout``."""
+
+    retryable = True
+
+
+class StorageError(ControlError):
+    """The file system refused the database: full, read-only, gone, or failing."""

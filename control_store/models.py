@@ -1,0 +1,112 @@
+"""The records the store keeps: runs, the jobs they fan out into, and job outcomes.
+
+All are frozen msgspec structs that compare equal after a round trip through the store.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import UTC, datetime
+from typing import NewType
+
+import msgspec
+
+__all__ = [
+    "EvalJob",
+    "Job",
+    "JobId",
+    "JobOutcome",
+    "JobStatus",
+    "Run",
+    "RunId",
+    "RunStatus",
+    "new_job_id",
+    "new_run_id",
+    "utc_now",
+]
+
+# NewType, not a UUID subclass: msgspec decodes NewTypes over UUID natively. Any uuid.UUID is
+# accepted where an id is expected.
+RunId = NewType("RunId", uuid.UUID)
+JobId = NewType("JobId", uuid.UUID)
+
+
+def new_run_id() -> RunId:
+    """A fresh, random run id."""
+    return RunId(uuid.uuid4())
+
+
+def new_job_id() -> JobId:
+    """A fresh, random job id."""
+    return JobId(uuid.uuid4())
+
+
+def utc_now() -> datetime:
+    """The current time, timezone-aware, in UTC."""
+    return datetime.now(UTC)
+
+
+class RunStatus(enum.StrEnum):
+    """Where a run is: waiting for a scheduler, claimed by one, or finished."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+
+
+class JobStatus(enum.StrEnum):
+    """Where a job is: waiting, being evaluated, or recorded."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+
+
+class EvalJob(msgspec.Struct, frozen=True):
+    """What one job evaluates: a model on one sample in one epoch (the JSON ``spec`` column)."""
+
+    model: str
+    sample_id: str
+    epoch: int
+
+
+class JobOutcome(msgspec.Struct, frozen=True):
+    """A worker's report on one job (the JSON ``outcome`` column, NULL until the job is done)."""
+
+    job_id: uuid.UUID
+    score: float | None = None
+    output: str = ""
+    error: str | None = None
+
+
+# msgspec makes kw_only apply to the fields a class defines, so the required fields live on a
+# base and the defaulted ones are keyword-only: Run("m", ["a"], 1, 3, status=...).
+class _RunFields(msgspec.Struct, frozen=True):
+    manifest: str
+    models: list[str]
+    epochs: int
+    job_count: int
+
+
+class Run(_RunFields, frozen=True, kw_only=True):
+    """An evaluation run: a manifest, the models to evaluate, a number of epochs."""
+
+    id: RunId = msgspec.field(default_factory=new_run_id)
+    status: RunStatus = RunStatus.QUEUED
+    created_at: datetime = msgspec.field(default_factory=utc_now)
+    done_count: int = 0
+
+
+class _JobFields(msgspec.Struct, frozen=True):
+    run_id: uuid.UUID
+    spec: EvalJob
+
+
+class Job(_JobFields, frozen=True, kw_only=True):
+    """One unit of evaluation within a run."""
+
+    id: JobId = msgspec.field(default_factory=new_job_id)
+    status: JobStatus = JobStatus.QUEUED
+    attempt: int = 0
+    outcome: JobOutcome | None = None
