@@ -1,0 +1,66 @@
+"""Development sessions: `nox` runs lint, typecheck and tests; packaging and bench by name."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import tempfile
+import zipfile
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+TEST_DEPS = nox.project.dependency_groups(PYPROJECT, "test")
+LINT_DEPS = nox.project.dependency_groups(PYPROJECT, "lint")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff: the linter and the formatter, checked."""
+    session.install(*LINT_DEPS)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over the package, the tests and this file."""
+    session.install("-e", ".", *TEST_DEPS, *LINT_DEPS)
+    session.run("mypy")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The test suite against the source tree (editable install)."""
+    session.install("-e", ".", *TEST_DEPS)
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def packaging(session: nox.Session) -> None:
+    """Build sdist and wheel, install the wheel alone, and run the suite against it."""
+    session.install("build")
+    dist = pathlib.Path(tempfile.mkdtemp(prefix="control-store-dist-"))
+    session.run("python", "-m", "build", "--outdir", str(dist))
+    (wheel,) = dist.glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    if "control_store/migrations/sqlite/0001_init.sql" not in names:
+        session.error(f"{wheel.name} does not carry the migrations: {names}")
+    if "control_store/py.typed" not in names:
+        session.error(f"{wheel.name} does not carry py.typed")
+    session.install(str(wheel), *TEST_DEPS)
+    # Run from a directory without the source tree, so the installed wheel is what is tested.
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="control-store-wheel-test-"))
+    shutil.copytree("tests", workdir / "tests")
+    shutil.copy("pyproject.toml", workdir / "pyproject.toml")
+    session.chdir(workdir)
+    session.run(
+        "python",
+        "-c",
+        "import control_store, sys; "
+        "assert 'site-packages' in control_store.__file__, control_store.__file__",
+    )
+    session.run("pytest", *session.posargs)
