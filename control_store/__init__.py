@@ -24,7 +24,7 @@ from .errors import (
     UnknownMigrationError,
     WrongRunError,
 )
-from .models import EvalJob, Job, JobId, JobOutcome, JobStatus, Run, RunId, RunStatus
+from .models import EvalJob, Job, JobId, JobOutcome, JobStatus, Problem, Run, RunId, RunStatus
 
 __all__ = [
     "AlreadyExistsError",
@@ -45,6 +45,7 @@ __all__ = [
     "MigrationState",
     "MissingRunError",
     "NotFoundError",
+    "Problem",
     "Run",
     "RunId",
     "RunStatus",

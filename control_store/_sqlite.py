@@ -33,6 +33,7 @@ from .errors import (
     ConfigurationError,
     ConstraintError,
     ControlError,
+    CorruptRowError,
     DatabaseBusyError,
     MissingRunError,
     NotFoundError,
@@ -40,7 +41,7 @@ from .errors import (
     StoreClosedError,
     WrongRunError,
 )
-from .models import Job, Run, utc_now
+from .models import Job, Problem, Run, utc_now
 
 T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], T]
@@ -87,6 +88,26 @@ SET done_count = done_count + 1,
     status = CASE WHEN done_count + 1 >= job_count THEN 'done' ELSE status END
 WHERE id = ?
 """
+SELECT_RUNS: Final = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY created_at DESC, rowid DESC LIMIT ?"
+SELECT_RUNS_BY_STATUS: Final = (
+    f"SELECT {_RUN_COLUMNS} FROM runs WHERE status = ? ORDER BY created_at DESC, rowid DESC LIMIT ?"
+)
+
+# The check's view of every run's counters beside what its jobs say.
+CHECK_RUN_COUNTERS: Final = """
+SELECT r.id, r.status, r.job_count, r.done_count, COALESCE(j.done, 0), COALESCE(j.total, 0)
+FROM runs AS r
+LEFT JOIN (
+    SELECT run_id, SUM(status = 'done') AS done, COUNT(*) AS total FROM jobs GROUP BY run_id
+) AS j ON j.run_id = r.id
+"""
+CHECK_JOB_OUTCOMES: Final = """
+SELECT id, status, outcome IS NOT NULL FROM jobs
+WHERE (status = 'done') != (outcome IS NOT NULL)
+"""
+SELECT_ALL_RUNS: Final = f"SELECT {_RUN_COLUMNS} FROM runs"
+SELECT_ALL_JOBS: Final = f"SELECT {_JOB_COLUMNS} FROM jobs"
+
 # Why a record changed nothing: no such job, another run's job, or a redelivery.
 SELECT_JOB_RUN: Final = "SELECT run_id FROM jobs WHERE id = ?"
 SELECT_MISSING_RUN: Final = "SELECT 1 FROM runs WHERE id = ?"
@@ -489,6 +510,55 @@ def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
             ) from exc
         raise
     return cursor.rowcount
+
+
+def op_list_runs(status: str | None, limit: int, conn: sqlite3.Connection) -> list[Run]:
+    if status is None:
+        rows = conn.execute(SELECT_RUNS, (limit,))
+    else:
+        rows = conn.execute(SELECT_RUNS_BY_STATUS, (status, limit))
+    return [_codec.decode_run(row) for row in rows]
+
+
+def op_check(conn: sqlite3.Connection) -> list[Problem]:
+    """Every inconsistency in the database, read in one snapshot, changing nothing."""
+    problems: list[Problem] = []
+
+    def found(table: str, row_id: object, message: str) -> None:
+        problems.append(Problem(table, str(row_id), message))
+
+    conn.execute("BEGIN")  # deferred: one read snapshot for every query, no write lock
+    try:
+        for (result,) in conn.execute("PRAGMA integrity_check"):
+            if result != "ok":
+                found("database", "", f"SQLite integrity check: {result}")
+        for table, rowid, parent, _ in conn.execute("PRAGMA foreign_key_check"):
+            found(table, rowid, f"{table} row {rowid} refers to a missing {parent} row")
+        decoders = ((SELECT_ALL_RUNS, _codec.decode_run), (SELECT_ALL_JOBS, _codec.decode_job))
+        for select, decode in decoders:
+            for row in conn.execute(select):
+                try:
+                    decode(row)
+                except CorruptRowError as exc:
+                    found(exc.table, exc.row_id, str(exc))
+        for run_id, status, job_count, done_count, done, total in conn.execute(CHECK_RUN_COUNTERS):
+            run = f"run {run_id}"
+            if done_count != done:
+                found("runs", run_id, f"{run} has done_count {done_count!r}, {done} jobs done")
+            counted = isinstance(job_count, int) and isinstance(done_count, int)
+            if counted and total > job_count:
+                found("runs", run_id, f"{run} has job_count {job_count} but {total} jobs")
+            finished = counted and 0 < job_count <= done_count
+            if finished and status != "done":
+                found("runs", run_id, f"{run} has all {job_count} jobs done but is {status!r}")
+            if status == "done" and not finished:
+                found("runs", run_id, f"{run} is done with {done_count!r} of {job_count!r} jobs")
+        for job_id, status, has_outcome in conn.execute(CHECK_JOB_OUTCOMES):
+            what = "has an outcome" if has_outcome else "has no outcome"
+            found("jobs", job_id, f"job {job_id} is {status!r} but {what}")
+    finally:
+        conn.execute("COMMIT")
+    return problems
 
 
 def op_claim_next_run(conn: sqlite3.Connection) -> Run | None:

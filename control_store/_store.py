@@ -10,7 +10,7 @@ from typing import Any, Self
 
 from . import _codec, _sqlite
 from .errors import InvalidInputError, StoreClosedError
-from .models import Job, JobOutcome, Run
+from .models import Job, JobOutcome, Problem, Run, RunStatus
 
 __all__ = ["MigrationState", "Store"]
 
@@ -174,6 +174,35 @@ class Store:
         return await backend.write(
             lambda conn: _sqlite.op_record_outcome(run_key, job_key, payload, conn)
         )
+
+    async def list_runs(
+        self, *, status: RunStatus | None = None, limit: int | None = None
+    ) -> list[Run]:
+        """Runs, newest first; only those with ``status`` if given, at most ``limit``."""
+        backend = self._open()
+        if status is not None:
+            try:
+                status = RunStatus(status)
+            except ValueError:
+                raise InvalidInputError(
+                    f"status {status!r} is not one of {[s.value for s in RunStatus]}"
+                ) from None
+        if limit is None:
+            limit = -1  # SQLite: no limit
+        elif not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise InvalidInputError(f"limit must be an int >= 0 or None, got {limit!r}")
+        key = None if status is None else status.value
+        return await backend.read(lambda conn: _sqlite.op_list_runs(key, limit, conn))
+
+    async def check(self) -> list[Problem]:
+        """Look for inconsistencies without changing anything; [] means the store is sound.
+
+        Checks SQLite's own integrity and foreign keys, that every row can be read, that each
+        run's done_count equals its done jobs and its status agrees with its counters, and that
+        exactly the done jobs have an outcome.
+        """
+        backend = self._open()
+        return await backend.read(_sqlite.op_check)
 
     async def migrate(self) -> list[int]:
         """Apply pending migrations (connect does this unless ``migrate=False``)."""

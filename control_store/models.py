@@ -18,6 +18,7 @@ __all__ = [
     "JobId",
     "JobOutcome",
     "JobStatus",
+    "Problem",
     "Run",
     "RunId",
     "RunStatus",
@@ -110,3 +111,13 @@ class Job(_JobFields, frozen=True, kw_only=True):
     status: JobStatus = JobStatus.QUEUED
     attempt: int = 0
     outcome: JobOutcome | None = None
+
+
+class Problem(msgspec.Struct, frozen=True):
+    """One inconsistency ``Store.check()`` found, described for a person."""
+
+    table: str
+    """The table holding the row ("runs", "jobs"), or "database" for the file as a whole."""
+    row_id: str
+    """The id of the row at fault ("" for the whole database)."""
+    message: str

@@ -1,0 +1,350 @@
+"""The store's contract, on every backend: runs, jobs, claims and idempotent outcomes."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from control_store import (
+    AlreadyExistsError,
+    EvalJob,
+    InvalidInputError,
+    Job,
+    JobOutcome,
+    JobStatus,
+    MissingRunError,
+    NotFoundError,
+    Run,
+    RunStatus,
+    Store,
+    StoreClosedError,
+    WrongRunError,
+)
+
+from conftest import make_jobs, make_run
+
+
+async def test_insert_then_get_run(store: Store) -> None:
+    """A run reads back equal to what was inserted."""
+    run = make_run()
+    await store.insert_run(run)
+    assert await store.get_run(run.id) == run
+    assert await store.get_run(uuid.uuid4()) is None
+
+
+async def test_claim_moves_run_to_running_then_none(store: Store) -> None:
+    """Claiming takes the queued run, marks it running, and then there is none left."""
+    run = make_run()
+    await store.insert_run(run)
+    claimed = await store.claim_next_run()
+    assert claimed is not None
+    assert claimed.id == run.id
+    assert claimed.status is RunStatus.RUNNING
+    assert await store.get_run(run.id) == claimed
+    assert await store.claim_next_run() is None
+
+
+async def test_record_outcome_advances_done_count_and_finishes_run(store: Store) -> None:
+    """Each new outcome advances done_count; the last one marks the run done."""
+    run = make_run(job_count=3)
+    jobs = make_jobs(run)
+    await store.insert_run(run)
+    await store.insert_jobs(jobs)
+    await store.claim_next_run()
+    for i, job in enumerate(jobs, start=1):
+        assert await store.record_job_outcome(run.id, JobOutcome(job.id, score=0.5 * i))
+        current = await store.get_run(run.id)
+        assert current is not None
+        assert current.done_count == i
+        assert current.status is (RunStatus.DONE if i == 3 else RunStatus.RUNNING)
+    stored = await store.get_job(jobs[0].id)
+    assert stored is not None
+    assert stored.status is JobStatus.DONE
+    assert stored.outcome == JobOutcome(jobs[0].id, score=0.5)
+
+
+async def test_recording_the_same_job_twice_counts_once(store: Store) -> None:
+    """A redelivered outcome returns False, and the first delivery's outcome stands."""
+    run = make_run(job_count=2)
+    jobs = make_jobs(run)
+    await store.insert_run(run)
+    await store.insert_jobs(jobs)
+    first = JobOutcome(jobs[0].id, score=1.0, output="first")
+    assert await store.record_job_outcome(run.id, first)
+    assert not await store.record_job_outcome(run.id, first)
+    assert not await store.record_job_outcome(run.id, JobOutcome(jobs[0].id, output="second"))
+    current = await store.get_run(run.id)
+    assert current is not None
+    assert current.done_count == 1
+    assert current.status is RunStatus.QUEUED
+    stored = await store.get_job(jobs[0].id)
+    assert stored is not None
+    assert stored.outcome == first
+
+
+async def test_claims_are_oldest_first_at_microsecond_resolution(store: Store) -> None:
+    """Runs a microsecond apart are claimed in time order, whatever the insertion order."""
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    later = make_run(created_at=base + timedelta(microseconds=1))
+    earlier = make_run(created_at=base)
+    latest = make_run(created_at=base + timedelta(seconds=1))
+    for run in (latest, later, earlier):
+        await store.insert_run(run)
+    claimed = [await store.claim_next_run() for _ in range(3)]
+    assert [r.id for r in claimed if r is not None] == [earlier.id, later.id, latest.id]
+
+
+async def test_claim_ties_break_in_insertion_order(store: Store) -> None:
+    """Runs created at the same instant are claimed in the order they were inserted."""
+    moment = datetime(2026, 5, 5, 12, 0, tzinfo=UTC)
+    runs = [make_run(created_at=moment) for _ in range(5)]
+    for run in runs:
+        await store.insert_run(run)
+    claimed = [await store.claim_next_run() for _ in runs]
+    assert [r.id for r in claimed if r is not None] == [r.id for r in runs]
+
+
+async def test_claim_skips_running_and_done_runs(store: Store) -> None:
+    """Only queued runs are claimed."""
+    await store.insert_run(make_run().__replace__(status=RunStatus.RUNNING))
+    await store.insert_run(make_run().__replace__(status=RunStatus.DONE, done_count=3))
+    queued = make_run()
+    await store.insert_run(queued)
+    claimed = await store.claim_next_run()
+    assert claimed is not None
+    assert claimed.id == queued.id
+    assert await store.claim_next_run() is None
+
+
+@pytest.mark.parametrize(
+    "created_at",
+    [
+        datetime(2026, 1, 1, 0, 0, 0, 0, tzinfo=UTC),
+        datetime(2026, 1, 1, 0, 0, 0, 1, tzinfo=UTC),
+        datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(2026, 6, 1, 12, 0, 0, 500000, tzinfo=timezone(timedelta(hours=-7))),
+    ],
+    ids=["zero-fraction", "one-microsecond", "last-microsecond", "non-utc-offset"],
+)
+async def test_timestamps_round_trip_exactly(store: Store, created_at: datetime) -> None:
+    """created_at reads back as the same instant, in UTC, to the microsecond."""
+    run = make_run(created_at=created_at)
+    await store.insert_run(run)
+    stored = await store.get_run(run.id)
+    assert stored is not None
+    assert stored.created_at == created_at
+    assert stored.created_at.tzinfo is UTC
+    assert stored == run
+
+
+async def test_unicode_and_large_integers_round_trip(store: Store) -> None:
+    """Text in any script and 64-bit integers survive the store unchanged."""
+    run = Run("évals/数学 🧪.yaml", ["модель", "模型-β", ""], 2**62, 2**63 - 1)
+    await store.insert_run(run)
+    assert await store.get_run(run.id) == run
+    job = Job(run.id, EvalJob("模型-β", "sample \u0000 nul", -(2**63)))
+    await store.insert_jobs([job])
+    assert await store.get_job(job.id) == job
+    outcome = JobOutcome(job.id, score=-1e308, output="résultat\n🎯", error="ошибка")
+    assert await store.record_job_outcome(run.id, outcome)
+    stored = await store.get_job(job.id)
+    assert stored is not None
+    assert stored.outcome == outcome
+
+
+async def test_list_jobs_returns_a_runs_jobs_in_insertion_order(store: Store) -> None:
+    """list_jobs gives exactly the run's jobs, in the order they were inserted."""
+    run, other = make_run(job_count=4), make_run()
+    await store.insert_run(run)
+    await store.insert_run(other)
+    jobs = make_jobs(run)
+    await store.insert_jobs(jobs[:2])
+    await store.insert_jobs(make_jobs(other))
+    await store.insert_jobs(jobs[2:])
+    assert await store.list_jobs(run.id) == jobs
+    assert await store.list_jobs(uuid.uuid4()) == []
+
+
+async def test_insert_jobs_accepts_a_generator(store: Store) -> None:
+    """Any iterable of jobs is stored, a generator included."""
+    run = make_run(job_count=50)
+    await store.insert_run(run)
+    jobs = make_jobs(run)
+    await store.insert_jobs(job for job in jobs)
+    assert await store.list_jobs(run.id) == jobs
+
+
+async def test_duplicate_run_id_is_refused(store: Store) -> None:
+    """Inserting a run id twice is an AlreadyExistsError naming the id; the first stays."""
+    run = make_run()
+    await store.insert_run(run)
+    with pytest.raises(AlreadyExistsError, match=str(run.id)):
+        await store.insert_run(make_run().__replace__(id=run.id))
+    assert await store.get_run(run.id) == run
+
+
+async def test_insert_jobs_is_all_or_nothing_on_a_duplicate_id(store: Store) -> None:
+    """A batch with one already-stored job id inserts none of its jobs."""
+    run = make_run(job_count=5)
+    await store.insert_run(run)
+    jobs = make_jobs(run)
+    await store.insert_jobs(jobs[:1])
+    with pytest.raises(AlreadyExistsError, match=str(jobs[0].id)):
+        await store.insert_jobs([jobs[1], jobs[2], jobs[0], jobs[3]])
+    assert await store.list_jobs(run.id) == jobs[:1]
+
+
+async def test_job_for_a_missing_run_is_refused(store: Store) -> None:
+    """A job whose run does not exist is a MissingRunError naming both; nothing is inserted."""
+    run = make_run()
+    await store.insert_run(run)
+    ghost = uuid.uuid4()
+    good = make_jobs(run)
+    orphan = Job(ghost, EvalJob("m", "s", 0))
+    with pytest.raises(MissingRunError, match=f"{orphan.id}.*{ghost}"):
+        await store.insert_jobs([*good, orphan])
+    assert await store.list_jobs(run.id) == []
+    assert await store.get_job(orphan.id) is None
+
+
+async def test_invalid_job_in_a_batch_inserts_nothing(store: Store) -> None:
+    """A job that cannot be stored, late in a batch, leaves the whole batch out."""
+    run = make_run()
+    await store.insert_run(run)
+    jobs = make_jobs(run)
+    bad = Job(run.id, EvalJob("m", "s", 2**64))
+    with pytest.raises(InvalidInputError, match=r"spec\.epoch"):
+        await store.insert_jobs([*jobs, bad])
+    assert await store.list_jobs(run.id) == []
+
+
+async def test_outcome_for_an_unknown_job_changes_nothing(store: Store) -> None:
+    """An outcome for a job the store lacks is a NotFoundError; the run is untouched."""
+    run = make_run()
+    await store.insert_run(run)
+    await store.insert_jobs(make_jobs(run))
+    ghost = uuid.uuid4()
+    with pytest.raises(NotFoundError, match=str(ghost)):
+        await store.record_job_outcome(run.id, JobOutcome(ghost, score=1.0))
+    assert await store.get_run(run.id) == run
+
+
+async def test_outcome_for_another_runs_job_changes_nothing(store: Store) -> None:
+    """An outcome reported under the wrong run is a WrongRunError; neither run changes."""
+    run, other = make_run(), make_run()
+    await store.insert_run(run)
+    await store.insert_run(other)
+    jobs = make_jobs(run)
+    await store.insert_jobs(jobs)
+    with pytest.raises(WrongRunError, match=f"{jobs[0].id}.*{run.id}.*{other.id}"):
+        await store.record_job_outcome(other.id, JobOutcome(jobs[0].id, score=1.0))
+    assert await store.get_run(run.id) == run
+    assert await store.get_run(other.id) == other
+    assert await store.get_job(jobs[0].id) == jobs[0]
+
+
+@pytest.mark.parametrize(
+    ("run", "match"),
+    [
+        (Run("m", ["a"], 0, 1), "epochs"),
+        (Run("m", ["a"], 1, -1), "job_count"),
+        (Run("m", ["a"], 1, 2**63), "job_count"),
+        (Run("m", ["a"], 1, 1, done_count=2), "done_count 2 exceeds job_count 1"),
+        (Run("m", ["a"], 1, 1, created_at=datetime(2026, 1, 1)), "no time zone"),
+        (Run("m", ["a", 3], 1, 1), "models"),  # type: ignore[list-item]
+        (Run("m", ["a"], 1, 1, status="paused"), "paused"),  # type: ignore[arg-type]
+        (Run(7, ["a"], 1, 1), "manifest"),  # type: ignore[arg-type]
+    ],
+    ids=[
+        "zero-epochs",
+        "negative-job-count",
+        "overflow",
+        "done-beyond-count",
+        "naive-time",
+        "model-not-str",
+        "bad-status",
+        "manifest-not-str",
+    ],
+)
+async def test_bad_run_is_refused_and_nothing_stored(store: Store, run: Run, match: str) -> None:
+    """A run the store cannot keep faithfully is an InvalidInputError naming the field."""
+    with pytest.raises(InvalidInputError, match=match):
+        await store.insert_run(run)
+    assert await store.get_run(run.id) is None
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        JobOutcome(uuid.uuid4(), score=float("nan")),
+        JobOutcome(uuid.uuid4(), score=float("inf")),
+        JobOutcome("not-a-uuid"),  # type: ignore[arg-type]
+        JobOutcome(uuid.uuid4(), output=None),  # type: ignore[arg-type]
+    ],
+    ids=["nan", "inf", "str-id", "none-output"],
+)
+async def test_bad_outcome_is_refused(store: Store, outcome: JobOutcome) -> None:
+    """An outcome JSON cannot hold is an InvalidInputError, and nothing changes."""
+    run = make_run()
+    await store.insert_run(run)
+    with pytest.raises(InvalidInputError):
+        await store.record_job_outcome(run.id, outcome)
+    assert await store.get_run(run.id) == run
+
+
+async def test_ids_must_be_uuids(store: Store) -> None:
+    """A string where an id is expected is refused with the fix in the message."""
+    with pytest.raises(InvalidInputError, match=r"uuid\.UUID\("):
+        await store.get_run("0f8fad5b-d9cb-469f-a165-70867728950e")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="wrap a single job"):
+        await store.insert_jobs(Job(uuid.uuid4(), EvalJob("m", "s", 0)))  # type: ignore[arg-type]
+
+
+async def test_every_call_on_a_closed_store_says_closed(store: Store) -> None:
+    """After close(), every method raises StoreClosedError; close() again is a no-op."""
+    run = make_run()
+    await store.close()
+    await store.close()
+    assert store.closed
+    calls = [
+        store.insert_run(run),
+        store.get_run(run.id),
+        store.insert_jobs([]),
+        store.get_job(run.id),
+        store.list_jobs(run.id),
+        store.claim_next_run(),
+        store.record_job_outcome(run.id, JobOutcome(run.id)),
+        store.list_runs(),
+        store.check(),
+    ]
+    for call in calls:
+        with pytest.raises(StoreClosedError, match="closed"):
+            await call
+
+
+async def test_list_runs_newest_first_with_filters(store: Store) -> None:
+    """list_runs gives runs newest first, filtered by status and cut by limit."""
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    runs = [make_run(created_at=base + timedelta(minutes=i)) for i in range(4)]
+    for run in runs:
+        await store.insert_run(run)
+    claimed = await store.claim_next_run()
+    assert claimed is not None
+    assert [r.id for r in await store.list_runs()] == [r.id for r in reversed(runs)]
+    assert [r.id for r in await store.list_runs(status=RunStatus.RUNNING)] == [runs[0].id]
+    assert len(await store.list_runs(status=RunStatus.QUEUED, limit=2)) == 2
+    with pytest.raises(InvalidInputError, match="limit"):
+        await store.list_runs(limit=-1)
+
+
+async def test_check_finds_nothing_in_a_sound_store(store: Store) -> None:
+    """check() returns no problems after ordinary use."""
+    run = make_run()
+    jobs = make_jobs(run)
+    await store.insert_run(run)
+    await store.insert_jobs(jobs)
+    await store.claim_next_run()
+    await store.record_job_outcome(run.id, JobOutcome(jobs[0].id, score=1.0))
+    assert await store.check() == []
