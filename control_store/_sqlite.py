@@ -35,6 +35,7 @@ from .errors import (
     ControlError,
     CorruptRowError,
     DatabaseBusyError,
+    MigrationError,
     MissingRunError,
     NotFoundError,
     StorageError,
@@ -413,7 +414,17 @@ def migrate(conn: sqlite3.Connection, *, database: str) -> list[int]:
             migration = todo[0]
             started = time.perf_counter_ns()
             for statement in _statements(migration.sql):
-                conn.execute(statement)
+                try:
+                    conn.execute(statement)
+                except sqlite3.Error as exc:
+                    name = getattr(exc, "sqlite_errorname", "")
+                    if name.startswith(("SQLITE_BUSY", "SQLITE_FULL", "SQLITE_IOERR")):
+                        raise  # the database's trouble, not the migration's: translated as such
+                    raise MigrationError(
+                        f"migration {migration.version} ({migration.description}) failed on "
+                        f"{database}: {exc} ({name}), in statement {statement.strip()[:200]!r}; "
+                        "none of it was applied: fix the migration file or the database"
+                    ) from exc
             conn.execute(
                 INSERT_APPLIED,
                 (
@@ -600,6 +611,8 @@ class SqliteBackend:
         self._pending: list[tuple[Op[Any], asyncio.Future[Any]]] = []
         self._writing = False
         self._flusher: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()  # set while no write is in flight or queued
+        self._idle.set()
 
     @classmethod
     async def open(cls, url: str | os.PathLike[str], options: Options) -> SqliteBackend:
@@ -620,9 +633,8 @@ class SqliteBackend:
         return backend
 
     async def close(self) -> None:
-        while self._flusher is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._flusher)
+        # Every write already accepted finishes (and commits) before the connection closes.
+        await self._idle.wait()
         with contextlib.suppress(Exception):
             await self._conn.close()
 
@@ -651,6 +663,7 @@ class SqliteBackend:
         # Nobody is writing: go straight to the thread, and let writers that arrive meanwhile
         # queue up for one group transaction after this one.
         self._writing = True
+        self._idle.clear()
         try:
             ((ok, value),) = await on_thread(self._conn, partial(self._transact, [op]))
         except Exception as exc:
@@ -659,6 +672,8 @@ class SqliteBackend:
             self._writing = False
             if self._pending:
                 self._start_flusher()
+            else:
+                self._idle.set()
         if ok:
             return cast(T, value)
         raise value
@@ -692,6 +707,7 @@ class SqliteBackend:
         finally:
             self._writing = False
             self._flusher = None
+            self._idle.set()
             for _, fut in self._pending:  # only if this task itself was cancelled
                 if not fut.done():
                     fut.set_exception(StoreClosedError(f"the store for {self._database} closed"))

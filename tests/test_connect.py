@@ -1,0 +1,161 @@
+"""Opening a store: URL forms, options, and the clear errors for what cannot be opened."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from control_store import ConfigurationError, DatabaseBusyError, Store
+
+from conftest import make_run
+
+
+@pytest.mark.parametrize(
+    "form", ["sqlite://{rel}", "sqlite:///{abs}", "sqlite:{rel}", "{rel}", "{abs}", "path"]
+)
+async def test_url_forms_name_the_same_file(
+    form: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every URL form, and a Path, opens (and creates) the file it names."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    target = tmp_path / "sub" / "control.db"
+    absolute = str(target)
+    url: str | Path = target
+    if form != "path":
+        # "sqlite:///" already supplies the leading slash of an absolute path.
+        url = form.format(
+            rel="sub/control.db", abs=absolute.removeprefix("/") if "///" in form else absolute
+        )
+    run = make_run()
+    async with Store.connect(url) as store:
+        await store.insert_run(run)
+    assert target.exists()
+    async with Store.connect(target) as store:
+        assert await store.get_run(run.id) == run
+
+
+async def test_in_memory_stores_are_private() -> None:
+    """Two in-memory stores do not share data; sqlite::memory: is the same as in_memory()."""
+    run = make_run()
+    async with Store.in_memory() as a, Store.connect("sqlite::memory:") as b:
+        await a.insert_run(run)
+        assert await b.get_run(run.id) is None
+        assert await a.get_run(run.id) == run
+
+
+async def test_connect_is_awaitable_and_store_closes_with_async_with(tmp_path: Path) -> None:
+    """`await Store.connect(...)` gives a store; `async with store` closes it."""
+    store = await Store.connect(tmp_path / "a.db")
+    async with store:
+        assert not store.closed
+    assert store.closed
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("mysql://user@host/db", "unknown scheme 'mysql'"),
+        ("postgres://admin:s3cret@db.example/evals", "PostgreSQL"),
+        ("sqlite://", "names no file"),
+        ("sqlite://data.db?mode=ro", "query parameters"),
+        ("", "empty"),
+    ],
+)
+async def test_unusable_urls_are_refused(url: str, match: str) -> None:
+    """A URL that cannot be used is a ConfigurationError that says what to write instead."""
+    with pytest.raises(ConfigurationError, match=match) as caught:
+        await Store.connect(url)
+    assert "s3cret" not in str(caught.value)
+
+
+async def test_missing_directory_is_refused(tmp_path: Path) -> None:
+    """A path in a directory that does not exist is refused, naming the directory."""
+    with pytest.raises(ConfigurationError, match="does not exist; create it"):
+        await Store.connect(tmp_path / "nope" / "control.db")
+    assert not (tmp_path / "nope").exists()
+
+
+async def test_a_directory_is_not_a_database(tmp_path: Path) -> None:
+    """Pointing at a directory is refused."""
+    with pytest.raises(ConfigurationError, match="is a directory"):
+        await Store.connect(tmp_path)
+
+
+async def test_a_file_that_is_not_sqlite_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    """A non-database file is a ConfigurationError, and its bytes are unchanged."""
+    path = tmp_path / "notes.db"
+    content = b"these are my notes, not a database\n" * 200
+    path.write_bytes(content)
+    with pytest.raises(ConfigurationError, match=r"not a SQLite database.*untouched"):
+        await Store.connect(path)
+    assert path.read_bytes() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.db"]
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"busy_timout": 1}, "unknown option busy_timout"),
+        ({"busy_timeout": -1}, "busy_timeout=-1"),
+        ({"busy_timeout": "5"}, "busy_timeout='5'"),
+        ({"synchronous": "sometimes"}, "synchronous='sometimes'"),
+        ({"migrate": "yes"}, "migrate='yes'"),
+    ],
+)
+async def test_bad_options_are_refused(
+    options: dict[str, object], match: str, tmp_path: Path
+) -> None:
+    """An unknown option or a bad value is a ConfigurationError naming it; no file is made."""
+    path = tmp_path / "x.db"
+    with pytest.raises(ConfigurationError, match=match):
+        await Store.connect(path, **options)
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("synchronous", ["NORMAL", "full", "EXTRA"])
+async def test_synchronous_option_is_applied(tmp_path: Path, synchronous: str) -> None:
+    """The synchronous option reaches SQLite (checked on the store's own connection)."""
+    levels = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
+    async with Store.connect(tmp_path / "s.db", synchronous=synchronous) as store:
+        backend = store._open()
+        value = await backend.read(lambda c: c.execute("PRAGMA synchronous").fetchone()[0])
+        mode = await backend.read(lambda c: c.execute("PRAGMA journal_mode").fetchone()[0])
+        keys = await backend.read(lambda c: c.execute("PRAGMA foreign_keys").fetchone()[0])
+    assert value == levels[synchronous.upper()]
+    assert (mode, keys) == ("wal", 1)
+
+
+async def test_write_lock_held_past_busy_timeout_is_a_retryable_busy_error(
+    db_path: Path,
+) -> None:
+    """Another connection holding the write lock too long gives DatabaseBusyError; retry works."""
+    run = make_run()
+    async with Store.connect(db_path, busy_timeout=0.1) as store:
+        holder = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")
+            with pytest.raises(DatabaseBusyError, match=r"locked.*busy_timeout=0\.1s.*retry") as e:
+                await store.insert_run(run)
+            assert e.value.retryable
+            assert isinstance(e.value.__cause__, sqlite3.OperationalError)
+            assert await store.get_run(run.id) is None  # readers are not blocked under WAL
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        await store.insert_run(run)
+        assert await store.get_run(run.id) == run
+
+
+async def test_paths_with_unicode_and_spaces(tmp_path: Path) -> None:
+    """A file name with spaces and non-ASCII characters works as a plain path."""
+    path = tmp_path / "évals été" / "store 1.db"
+    os.makedirs(path.parent)
+    run = make_run()
+    async with Store.connect(str(path)) as store:
+        await store.insert_run(run)
+        assert await store.get_run(run.id) == run
+    assert path.exists()

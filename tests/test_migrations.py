@@ -1,0 +1,193 @@
+"""Migrations: applied once, tracked with checksums, refused when edited or unknown."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from control_store import (
+    DirtyMigrationError,
+    MigrationChangedError,
+    MigrationError,
+    Store,
+    UnknownMigrationError,
+)
+from control_store._migrate import checksum, load_migrations, pending
+
+TRACKING = "_control_store_migrations"
+
+
+def tracking_rows(path: Path) -> list[tuple[object, ...]]:
+    with sqlite3.connect(path) as conn:
+        return conn.execute(
+            f"SELECT version, description, checksum, success, installed_on, execution_time "
+            f"FROM {TRACKING} ORDER BY version"
+        ).fetchall()
+
+
+async def test_fresh_file_is_migrated_and_tracked(tmp_path: Path) -> None:
+    """Connecting to a new file creates the schema and one tracking row per migration."""
+    path = tmp_path / "fresh.db"
+    async with Store.connect(path):
+        pass
+    known = load_migrations("sqlite")
+    rows = tracking_rows(path)
+    assert [r[0] for r in rows] == [m.version for m in known]
+    version, description, digest, success, installed_on, elapsed = rows[0]
+    assert (version, description, success) == (1, "init", 1)
+    assert digest == known[0].checksum
+    assert isinstance(digest, bytes)
+    assert len(digest) == 48  # SHA-384
+    assert isinstance(installed_on, str)
+    assert installed_on.endswith("Z")
+    assert isinstance(elapsed, int)
+    assert elapsed >= 0
+    with sqlite3.connect(path) as conn:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_schema")}
+    assert {"runs", "jobs", "idx_runs_status", "idx_jobs_run"} <= names
+
+
+async def test_reconnect_applies_nothing_again(tmp_path: Path) -> None:
+    """A second connect leaves the tracking table and the data as they were."""
+    path = tmp_path / "again.db"
+    async with Store.connect(path) as store:
+        assert await store.migrate() == []
+    before = tracking_rows(path)
+    async with Store.connect(path) as store:
+        statuses = await store.migration_status()
+    assert tracking_rows(path) == before
+    assert all(s.installed_on is not None for s in statuses)
+
+
+async def test_edited_migration_is_refused(db_path: Path) -> None:
+    """An applied migration whose checksum no longer matches its file is refused, named."""
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(f"UPDATE {TRACKING} SET checksum = ? WHERE version = 1", (b"\0" * 48,))
+    with pytest.raises(MigrationChangedError, match=r"migration 1 \(init\).*new migration"):
+        await Store.connect(db_path)
+
+
+async def test_database_from_a_newer_release_is_refused(db_path: Path) -> None:
+    """A database holding a migration this library lacks is refused, saying to upgrade."""
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(f"INSERT INTO {TRACKING} VALUES (9999, 'from the future', 'x', 1, x'00', 0)")
+    with pytest.raises(UnknownMigrationError, match=r"9999.*upgrade control-store"):
+        await Store.connect(db_path)
+
+
+async def test_failed_migration_is_refused(db_path: Path) -> None:
+    """A migration recorded as failed stops the connect with what to repair."""
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(f"UPDATE {TRACKING} SET success = 0 WHERE version = 1")
+    with pytest.raises(DirtyMigrationError, match="recorded as failed"):
+        await Store.connect(db_path)
+
+
+async def test_migrate_false_leaves_a_fresh_file_pending(tmp_path: Path) -> None:
+    """With migrate=False nothing is applied, and the status shows every migration pending."""
+    path = tmp_path / "pending.db"
+    async with Store.connect(path, migrate=False) as store:
+        statuses = await store.migration_status()
+        assert [s.installed_on for s in statuses] == [None] * len(statuses)
+        assert await store.migrate() == [m.version for m in load_migrations("sqlite")]
+        assert all(s.installed_on for s in await store.migration_status())
+
+
+def test_checksum_ignores_line_endings() -> None:
+    """A file checked out with CRLF or CR line endings has the same checksum as with LF."""
+    lf = b"CREATE TABLE t (x);\n-- note\n"
+    assert (
+        checksum(lf) == checksum(lf.replace(b"\n", b"\r\n")) == checksum(lf.replace(b"\n", b"\r"))
+    )
+    assert checksum(lf) != checksum(lf + b"\n")
+
+
+def test_migration_files_are_found_and_ordered(tmp_path: Path) -> None:
+    """Files named NNNN_description.sql load in version order; others are refused."""
+    (tmp_path / "0002_add_leases.sql").write_text("SELECT 2;")
+    (tmp_path / "0001_init.sql").write_text("SELECT 1;")
+    (tmp_path / "README.txt").write_text("not a migration")
+    found = load_migrations("sqlite", tmp_path)
+    assert [(m.version, m.description) for m in found] == [(1, "init"), (2, "add leases")]
+    assert pending(found, [], database="db") == found
+    (tmp_path / "3-bad-name.sql").write_text("SELECT 3;")
+    with pytest.raises(MigrationError, match=r"NNNN_description\.sql"):
+        load_migrations("sqlite", tmp_path)
+
+
+def test_shipped_migrations_have_lf_line_endings() -> None:
+    """The migration files in the package are LF-only (pinned by .gitattributes)."""
+    for migration in load_migrations("sqlite"):
+        assert b"\r" not in migration.path.read_bytes(), migration.path
+
+
+_MIGRATE_CHILD = textwrap.dedent(
+    """
+    import asyncio, sys
+    from control_store import Store
+
+    async def main() -> None:
+        sys.stdout.write("ready\\n"); sys.stdout.flush()
+        sys.stdin.readline()  # start together
+        async with Store.connect(sys.argv[1], busy_timeout=30):
+            pass
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_processes_migrating_one_fresh_file_apply_each_migration_once(tmp_path: Path) -> None:
+    """Several processes connecting to a new file at once apply every migration exactly once."""
+    path = tmp_path / "race.db"
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _MIGRATE_CHILD, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    for child in children:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n"
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    for child in children:
+        _, err = child.communicate(timeout=60)
+        assert child.returncode == 0, err
+    rows = tracking_rows(path)
+    assert [r[0] for r in rows] == [m.version for m in load_migrations("sqlite")]
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+async def test_a_failing_migration_applies_nothing_of_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A migration that fails midway leaves neither its statements nor its row behind."""
+    migrations = tmp_path / "migrations"
+    migrations.mkdir()
+    (migrations / "0001_first.sql").write_text("CREATE TABLE a (x INTEGER);\n")
+    (migrations / "0002_broken.sql").write_text(
+        "CREATE TABLE b (x INTEGER);\nINSERT INTO b VALUES (1);\nINSERT INTO nowhere VALUES (1);\n"
+    )
+    monkeypatch.setattr("control_store._migrate.migrations_dir", lambda backend: migrations)
+    path = tmp_path / "partial.db"
+    with pytest.raises(MigrationError, match=r"migration 2 \(broken\).*nowhere.*none of it"):
+        await Store.connect(path)
+    assert [r[0] for r in tracking_rows(path)] == [1]
+    with sqlite3.connect(path) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_schema WHERE type='table'")}
+    assert "a" in tables
+    assert "b" not in tables

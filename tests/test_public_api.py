@@ -1,0 +1,60 @@
+"""The public surface: what `control_store` exports, and that it is all documented."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import control_store
+from control_store import errors
+
+
+def test_all_is_sorted_and_complete() -> None:
+    """__all__ is sorted, every name in it exists, and every public name is in it."""
+    assert control_store.__all__ == sorted(control_store.__all__)
+    for name in control_store.__all__:
+        assert hasattr(control_store, name), name
+    public = {
+        name
+        for name, value in vars(control_store).items()
+        if not name.startswith("_") and not inspect.ismodule(value)
+    }
+    assert public == set(control_store.__all__)
+
+
+def test_every_error_is_a_control_error_and_drawn_in_the_tree() -> None:
+    """Each exported error derives from ControlError and appears in errors.py's docstring."""
+    doc = errors.__doc__ or ""
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        assert issubclass(cls, control_store.ControlError), name
+        assert name in doc, f"{name} is missing from the tree in errors.py"
+        assert getattr(control_store, name) is cls
+
+
+def test_the_store_api_of_the_design_card() -> None:
+    """The methods the design card promises exist and are coroutines."""
+    for name in (
+        "insert_run",
+        "get_run",
+        "insert_jobs",
+        "get_job",
+        "list_jobs",
+        "claim_next_run",
+        "record_job_outcome",
+        "close",
+    ):
+        assert inspect.iscoroutinefunction(getattr(control_store.Store, name)), name
+
+
+def test_importing_the_package_stays_light() -> None:
+    """`import control_store` pulls in neither the CLI nor any PostgreSQL driver."""
+    code = (
+        "import sys, control_store; "
+        "print(sorted(m for m in sys.modules if m.startswith(('control_store.cli', 'asyncpg'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout
+    assert out.strip() == "[]"
