@@ -1,0 +1,88 @@
+"""Rows this version cannot read are reported as CorruptRowError, naming what is wrong."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from control_store import ConstraintError, CorruptRowError, JobOutcome, Store
+
+from conftest import make_jobs, make_run
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("status", "paused"),
+        ("models", "not json"),
+        ("models", '{"a": 1}'),
+        ("created_at", "2026-01-01 00:00:00"),
+        ("epochs", "three"),
+        ("id", "not-a-uuid"),
+    ],
+)
+async def test_unreadable_run_column_names_table_column_row_and_value(
+    db_path: Path, column: str, value: str
+) -> None:
+    """get_run and claim_next_run raise CorruptRowError with table, column, id and value."""
+    run = make_run()
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(f"UPDATE runs SET {column} = ?", (value,))
+    row_id = value if column == "id" else str(run.id)
+    async with Store.connect(db_path) as store:
+        with pytest.raises(CorruptRowError) as caught:
+            await store.list_runs()
+        error = caught.value
+        assert (error.table, error.column, error.row_id, error.value) == (
+            "runs",
+            column,
+            row_id,
+            value,
+        )
+        assert f"runs.{column}" in str(error)
+        assert repr(value) in str(error)
+        problems = await store.check()
+        assert any(p.row_id == row_id and column in p.message for p in problems)
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("status", "lost"), ("spec", '{"model": 1}'), ("outcome", "[]"), ("attempt", -1)],
+)
+async def test_unreadable_job_column_is_reported(db_path: Path, column: str, value: object) -> None:
+    """get_job and list_jobs raise CorruptRowError naming the jobs column and the value."""
+    run = make_run(job_count=1)
+    (job,) = make_jobs(run)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+        await store.insert_jobs([job])
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(f"UPDATE jobs SET {column} = ?", (value,))
+    async with Store.connect(db_path) as store:
+        for call in (store.get_job(job.id), store.list_jobs(run.id)):
+            with pytest.raises(CorruptRowError, match=f"jobs.{column}") as caught:
+                await call
+            assert caught.value.value == value
+            assert caught.value.row_id == str(job.id)
+
+
+async def test_recording_against_a_corrupt_run_changes_nothing(db_path: Path) -> None:
+    """An outcome whose run cannot advance leaves the job undone: job and run move together."""
+    run = make_run(job_count=1)
+    (job,) = make_jobs(run)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+        await store.insert_jobs([job])
+    with sqlite3.connect(db_path) as conn:
+        conn.execute(
+            "CREATE TRIGGER refuse BEFORE UPDATE ON runs BEGIN SELECT RAISE(ABORT, 'no'); END"
+        )
+    async with Store.connect(db_path) as store:
+        with pytest.raises(ConstraintError, match="SQLITE_CONSTRAINT_TRIGGER"):
+            await store.record_job_outcome(run.id, JobOutcome(job.id, score=1.0))
+    with sqlite3.connect(db_path) as conn:
+        assert conn.execute("SELECT status, outcome FROM jobs").fetchone() == ("queued", None)
