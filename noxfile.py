@@ -56,6 +56,7 @@ def packaging(session: nox.Session) -> None:
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="control-store-wheel-test-"))
     shutil.copytree("tests", workdir / "tests")
     shutil.copy("pyproject.toml", workdir / "pyproject.toml")
+    shutil.copy("README.md", workdir / "README.md")  # tests/test_readme.py runs its example
     session.chdir(workdir)
     session.run(
         "python",
