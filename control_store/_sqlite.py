@@ -683,6 +683,7 @@ class SqliteBackend:
         self._flusher = asyncio.get_running_loop().create_task(self._flush())
 
     async def _flush(self) -> None:
+        batch: list[tuple[Op[Any], asyncio.Future[Any]]] = []
         try:
             while self._pending:
                 # A caller cancelled before its turn is dropped: its call takes no effect.
@@ -708,7 +709,9 @@ class SqliteBackend:
             self._writing = False
             self._flusher = None
             self._idle.set()
-            for _, fut in self._pending:  # only if this task itself was cancelled
+            # Only if this task itself was cancelled (the event loop is shutting down): nobody
+            # may wait forever. A batch already on the thread may still have committed.
+            for _, fut in [*batch, *self._pending]:
                 if not fut.done():
                     fut.set_exception(StoreClosedError(f"the store for {self._database} closed"))
             self._pending = []
@@ -738,7 +741,7 @@ class SqliteBackend:
                 for op in ops:
                     conn.execute("SAVEPOINT group_commit")
                     result = self._attempt(op, conn)
-                    if not conn.in_transaction:
+                    if not result[0] and not conn.in_transaction:
                         # The error rolled back the whole transaction: nothing here committed.
                         # Each caller gets its own error instance, translated afresh.
                         error = result[1]
