@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
-from collections.abc import AsyncIterator
+import sqlite3
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -47,6 +49,20 @@ async def store(request: pytest.FixtureRequest, db_path: Path) -> AsyncIterator[
         yield opened
     finally:
         await opened.close()
+
+
+@contextlib.contextmanager
+def raw_db(path: Path) -> Iterator[sqlite3.Connection]:
+    """A plain sqlite3 connection to ``path``: commits on success, and always closes.
+
+    (``with sqlite3.connect(...)`` only commits; Python 3.13 warns about the unclosed handle.)
+    """
+    conn = sqlite3.connect(path)
+    try:
+        with conn:
+            yield conn
+    finally:
+        conn.close()
 
 
 def make_run(job_count: int = 3, *, created_at: datetime | None = None) -> Run:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -19,11 +18,13 @@ from control_store import (
 )
 from control_store._migrate import checksum, load_migrations, pending
 
+from conftest import raw_db
+
 TRACKING = "_control_store_migrations"
 
 
 def tracking_rows(path: Path) -> list[tuple[object, ...]]:
-    with sqlite3.connect(path) as conn:
+    with raw_db(path) as conn:
         return conn.execute(
             f"SELECT version, description, checksum, success, installed_on, execution_time "
             f"FROM {TRACKING} ORDER BY version"
@@ -47,7 +48,7 @@ async def test_fresh_file_is_migrated_and_tracked(tmp_path: Path) -> None:
     assert installed_on.endswith("Z")
     assert isinstance(elapsed, int)
     assert elapsed >= 0
-    with sqlite3.connect(path) as conn:
+    with raw_db(path) as conn:
         names = {r[0] for r in conn.execute("SELECT name FROM sqlite_schema")}
     assert {"runs", "jobs", "idx_runs_status", "idx_jobs_run"} <= names
 
@@ -66,7 +67,7 @@ async def test_reconnect_applies_nothing_again(tmp_path: Path) -> None:
 
 async def test_edited_migration_is_refused(db_path: Path) -> None:
     """An applied migration whose checksum no longer matches its file is refused, named."""
-    with sqlite3.connect(db_path) as conn:
+    with raw_db(db_path) as conn:
         conn.execute(f"UPDATE {TRACKING} SET checksum = ? WHERE version = 1", (b"\0" * 48,))
     with pytest.raises(MigrationChangedError, match=r"migration 1 \(init\).*new migration"):
         await Store.connect(db_path)
@@ -74,7 +75,7 @@ async def test_edited_migration_is_refused(db_path: Path) -> None:
 
 async def test_database_from_a_newer_release_is_refused(db_path: Path) -> None:
     """A database holding a migration this library lacks is refused, saying to upgrade."""
-    with sqlite3.connect(db_path) as conn:
+    with raw_db(db_path) as conn:
         conn.execute(f"INSERT INTO {TRACKING} VALUES (9999, 'from the future', 'x', 1, x'00', 0)")
     with pytest.raises(UnknownMigrationError, match=r"9999.*upgrade control-store"):
         await Store.connect(db_path)
@@ -82,7 +83,7 @@ async def test_database_from_a_newer_release_is_refused(db_path: Path) -> None:
 
 async def test_failed_migration_is_refused(db_path: Path) -> None:
     """A migration recorded as failed stops the connect with what to repair."""
-    with sqlite3.connect(db_path) as conn:
+    with raw_db(db_path) as conn:
         conn.execute(f"UPDATE {TRACKING} SET success = 0 WHERE version = 1")
     with pytest.raises(DirtyMigrationError, match="recorded as failed"):
         await Store.connect(db_path)
@@ -167,7 +168,7 @@ def test_processes_migrating_one_fresh_file_apply_each_migration_once(tmp_path: 
         assert child.returncode == 0, err
     rows = tracking_rows(path)
     assert [r[0] for r in rows] == [m.version for m in load_migrations("sqlite")]
-    with sqlite3.connect(path) as conn:
+    with raw_db(path) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
@@ -187,7 +188,7 @@ async def test_a_failing_migration_applies_nothing_of_itself(
     with pytest.raises(MigrationError, match=r"migration 2 \(broken\).*nowhere.*none of it"):
         await Store.connect(path)
     assert [r[0] for r in tracking_rows(path)] == [1]
-    with sqlite3.connect(path) as conn:
+    with raw_db(path) as conn:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_schema WHERE type='table'")}
     assert "a" in tables
     assert "b" not in tables

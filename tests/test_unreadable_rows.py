@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
 
 from control_store import ConstraintError, CorruptRowError, JobOutcome, Store
 
-from conftest import make_jobs, make_run
+from conftest import make_jobs, make_run, raw_db
 
 
 @pytest.mark.parametrize(
@@ -30,7 +29,7 @@ async def test_unreadable_run_column_names_table_column_row_and_value(
     run = make_run()
     async with Store.connect(db_path) as store:
         await store.insert_run(run)
-    with sqlite3.connect(db_path) as conn:
+    with raw_db(db_path) as conn:
         conn.execute(f"UPDATE runs SET {column} = ?", (value,))
     row_id = value if column == "id" else str(run.id)
     async with Store.connect(db_path) as store:
@@ -60,7 +59,7 @@ async def test_unreadable_job_column_is_reported(db_path: Path, column: str, val
     async with Store.connect(db_path) as store:
         await store.insert_run(run)
         await store.insert_jobs([job])
-    with sqlite3.connect(db_path) as conn:
+    with raw_db(db_path) as conn:
         conn.execute(f"UPDATE jobs SET {column} = ?", (value,))
     async with Store.connect(db_path) as store:
         for call in (store.get_job(job.id), store.list_jobs(run.id)):
@@ -77,12 +76,12 @@ async def test_recording_against_a_corrupt_run_changes_nothing(db_path: Path) ->
     async with Store.connect(db_path) as store:
         await store.insert_run(run)
         await store.insert_jobs([job])
-    with sqlite3.connect(db_path) as conn:
+    with raw_db(db_path) as conn:
         conn.execute(
             "CREATE TRIGGER refuse BEFORE UPDATE ON runs BEGIN SELECT RAISE(ABORT, 'no'); END"
         )
     async with Store.connect(db_path) as store:
         with pytest.raises(ConstraintError, match="SQLITE_CONSTRAINT_TRIGGER"):
             await store.record_job_outcome(run.id, JobOutcome(job.id, score=1.0))
-    with sqlite3.connect(db_path) as conn:
+    with raw_db(db_path) as conn:
         assert conn.execute("SELECT status, outcome FROM jobs").fetchone() == ("queued", None)
