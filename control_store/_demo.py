@@ -420,7 +420,7 @@ async def verify(
         or not stored.done_count == stored.job_count == config.jobs_per_run
     ]
     check(
-        "every run done, done_count == job count",
+        "every run done with done_count == job count",
         not unfinished,
         "; ".join(unfinished[:3])
         or f"{len(runs)}/{len(runs)} runs done, {config.jobs_per_run} jobs each",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import os
 import shutil
@@ -450,7 +451,7 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
     else:
         _summarise_demo(out, config, snap, checks, ok)
     if not ok:
-        failed = ", ".join(c.name for c in checks if not c.ok)
+        failed = "; ".join(c.name for c in checks if not c.ok)
         print(f"{PROG}: error: demo invariant failed: {failed}", file=sys.stderr)
     return EXIT_OK if ok else EXIT_FAILURE
 
@@ -695,7 +696,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command: Command = args.command
     started = time.perf_counter()
     try:
-        return asyncio.run(command(args, Terminal.of(sys.stdout)))
+        code = asyncio.run(command(args, Terminal.of(sys.stdout)))
+        sys.stdout.flush()  # here, so that a closed pipe is caught below, not at exit
     except (ControlError, Failure) as exc:
         message = " ".join(str(exc).split())  # one line, whatever the message held
         if isinstance(exc, DatabaseBusyError):
@@ -709,6 +711,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         # The reader went away (`control-store runs | head`): stop quietly. Point stdout at
         # devnull so the interpreter's final flush does not complain a second time.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        with contextlib.suppress(OSError):  # io.UnsupportedOperation: stdout has no fd
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
         return EXIT_FAILURE
+    return code
