@@ -404,7 +404,11 @@ async def verify(
         "every run claimed by exactly one scheduler",
         not (twice or unclaimed or foreign),
         _problems(
-            [("claimed twice", twice), ("never claimed", unclaimed), ("not ours", foreign)],
+            [
+                ("claimed twice", twice),
+                ("claimed by no scheduler that reported", unclaimed),
+                ("not ours", foreign),
+            ],
             ok=f"{len(ids)} runs, {sum(claims.values())} claims",
         ),
     )
@@ -436,7 +440,11 @@ async def verify(
         "every job recorded exactly once",
         len(jobs) == config.total_jobs and not (not_done or counted_twice or never),
         _problems(
-            [("not done", not_done), ("recorded twice", counted_twice), ("never", never)],
+            [
+                ("not done", not_done),
+                ("recorded twice", counted_twice),
+                ("with no first delivery reported", never),
+            ],
             ok=f"{len(jobs):,} jobs done, {sum(firsts.values()):,} first deliveries",
         )
         if len(jobs) == config.total_jobs

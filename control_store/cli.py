@@ -706,7 +706,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
     except KeyboardInterrupt:
         elapsed = time.perf_counter() - started
-        print(f"{PROG}: interrupted after {elapsed:.1f} s", file=sys.stderr)
+        message = f"{PROG}: interrupted after {elapsed:.1f} s"
+        if command is cmd_demo:
+            message += (
+                f"; the demo's unfinished runs stay in {_url(args)}, where the next demo would "
+                "refuse them: delete that file, or give the next demo another --url"
+            )
+        print(message, file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`control-store runs | head`): stop quietly. Point stdout at

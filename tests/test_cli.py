@@ -612,7 +612,10 @@ def test_demo_exits_1_when_the_fleet_did_nothing(
     path = tmp_path / "idle.db"
     code, out, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
     assert code == 1
-    assert "✗ every run claimed by exactly one scheduler: 3 never claimed" in out
+    assert (
+        "✗ every run claimed by exactly one scheduler: 3 claimed by no scheduler that reported"
+        in out
+    )
     assert err.splitlines() == [
         "control-store: error: demo invariant failed: every run claimed by exactly one "
         "scheduler; every run done with done_count == job count; every job recorded exactly once"
@@ -688,3 +691,21 @@ async def test_verify_catches_each_broken_invariant(
                 conn.execute("UPDATE jobs SET status = 'queued' WHERE id = ?", (str(job.id),))
         checks = await demo.verify(store, VERIFY_CONFIG, runs, result)
     assert failed in [c.name for c in checks if not c.ok]
+
+
+def test_interrupted_demo_exits_130_with_what_to_do(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C during the demo: exit 130, one line saying where its unfinished runs stay."""
+
+    async def interrupted(config: demo.DemoConfig, on_progress: object) -> demo.FleetResult:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "run_fleet", interrupted)
+    path = tmp_path / "demo.db"
+    code, _, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
+    assert code == 130
+    (line,) = err.splitlines()
+    assert line.startswith("control-store: interrupted after ")
+    assert f"unfinished runs stay in {path}" in line
+    assert "another --url" in line
