@@ -658,7 +658,8 @@ def _parser() -> argparse.ArgumentParser:
         type=_rate(0.9),
         default=0.05,
         metavar="F",
-        help="share of workers that die after delivering, before acknowledging (default: 0.05)",
+        help="chance per dispatch that the worker dies after delivering, before "
+        "acknowledging, so the job goes out again (default: 0.05)",
     )
     behaviour.add_argument(
         "--error-rate",
