@@ -463,8 +463,8 @@ def _describe_demo(out: Terminal, c: DemoConfig) -> None:
     )
     out.print(
         f"  {c.schedulers} schedulers in {c.processes} processes, {c.workers} workers each; "
-        f"{c.duplicate_rate:.0%} of outcomes delivered twice, {c.death_rate:.0%} of workers die "
-        f"before acknowledging (seed {c.seed})"
+        f"{c.duplicate_rate:.0%} of outcomes delivered twice, {c.death_rate:.0%} of dispatches "
+        f"end with the worker dying before it acknowledges (seed {c.seed})"
     )
 
 
