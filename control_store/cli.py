@@ -140,6 +140,11 @@ def _url(args: argparse.Namespace) -> str:
     return str(url)
 
 
+def _shown(args: argparse.Namespace) -> str:
+    """The URL as messages show it: any password replaced."""
+    return _sqlite.redact(_url(args))
+
+
 def _busy_timeout(args: argparse.Namespace) -> float:
     return float(getattr(args, "busy_timeout", 5.0))
 
@@ -149,7 +154,8 @@ def _database_path(url: str, *, create_hint: str) -> str:
     path = _sqlite.parse_url(url)  # a bad URL is a ConfigurationError naming the fix
     if path != _sqlite.MEMORY and not Path(path).exists():
         raise Failure(
-            f"no database at {path!r} (URL {url!r}); check --url or ${URL_ENV}, or {create_hint}"
+            f"no database at {path!r} (URL {_sqlite.redact(url)!r}); check --url or "
+            f"${URL_ENV}, or {create_hint}"
         )
     return path
 
@@ -170,7 +176,7 @@ async def _open_existing(args: argparse.Namespace) -> Store:
         names = ", ".join(f"{m.version} ({m.description})" for m in pending)
         raise Failure(
             f"database {path!r} has pending migrations: {names}; apply them with "
-            f"'{PROG} migrate --url {url}'"
+            f"'{PROG} migrate --url {_sqlite.redact(url)}'"
         )
     return store
 
@@ -235,7 +241,7 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
         return EXIT_OK
     if not runs:
         which = f"{args.status} runs" if args.status else "runs"
-        out.print(f"no {which} in {_url(args)}")
+        out.print(f"no {which} in {_shown(args)}")
         return EXIT_OK
     now = datetime.now(UTC)
     header = ["RUN ID", "STATUS", "PROGRESS", "AGE", "MANIFEST", "MODELS"]
@@ -303,7 +309,7 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
         run = await store.get_run(args.run_id)
         if run is None:
             raise NotFoundError(
-                f"no run {args.run_id} in {_url(args)}; list the runs with '{PROG} runs'"
+                f"no run {args.run_id} in {_shown(args)}; list the runs with '{PROG} runs'"
             )
         jobs = await store.list_jobs(run.id)
     by_status = Counter(job.status.value for job in jobs)
@@ -388,7 +394,7 @@ async def cmd_check(args: argparse.Namespace, out: Terminal) -> int:
             out.print(f"{where}: {problem.message}")
         out.print(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} found")
     else:
-        out.print(f"no problems found in {_url(args)}")
+        out.print(f"no problems found in {_shown(args)}")
     return EXIT_FAILURE if problems else EXIT_OK
 
 
@@ -418,8 +424,8 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
         queued = await store.list_runs(status=RunStatus.QUEUED, limit=1)
         if queued:
             raise Failure(
-                f"{config.url} already has queued runs (e.g. {queued[0].id}), which the demo's "
-                "schedulers would claim; run the demo on its own database: "
+                f"{_sqlite.redact(config.url)} already has queued runs (e.g. {queued[0].id}), "
+                "which the demo's schedulers would claim; run the demo on its own database: "
                 f"{PROG} demo --url sqlite://demo.db"
             )
         if human:
@@ -458,7 +464,7 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
 
 def _describe_demo(out: Terminal, c: DemoConfig) -> None:
     out.print(
-        f"control-store demo on {c.url}: {c.runs} runs x {c.jobs_per_run} jobs "
+        f"control-store demo on {_sqlite.redact(c.url)}: {c.runs} runs x {c.jobs_per_run} jobs "
         f"({c.models} models x {c.samples} samples x {c.epochs} epochs)"
     )
     out.print(
@@ -710,7 +716,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = f"{PROG}: interrupted after {elapsed:.1f} s"
         if command is cmd_demo:
             message += (
-                f"; the demo's unfinished runs stay in {_url(args)}, where the next demo would "
+                f"; the demo's unfinished runs stay in {_shown(args)}, where the next demo would "
                 "refuse them: delete that file, or give the next demo another --url"
             )
         print(message, file=sys.stderr)

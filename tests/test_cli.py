@@ -709,3 +709,10 @@ def test_interrupted_demo_exits_130_with_what_to_do(
     assert line.startswith("control-store: interrupted after ")
     assert f"unfinished runs stay in {path}" in line
     assert "another --url" in line
+
+
+def test_messages_never_show_a_password(capsys: pytest.CaptureFixture[str]) -> None:
+    """A URL with credentials is shown with its password replaced."""
+    result = run_cli(capsys, "runs", "--url", "postgres://ops:hunter2@db/control")
+    assert_one_line_error(result, "ops:***@db")
+    assert "hunter2" not in result[2]
