@@ -1,0 +1,490 @@
+"""The demo fleet behind ``control-store demo``: schedulers in OS processes, at-least-once workers.
+
+The parent submits the runs, starts scheduler processes (each with its own ``Store`` on the same
+SQLite file), watches shared counters for live progress, and at the end verifies the invariants
+against the database. Each scheduler claims runs until none is queued and dispatches a run's
+jobs to simulated workers (asyncio tasks). Workers deliver at-least-once: a share of outcomes is
+delivered twice, and some workers die after delivering but before acknowledging, so the
+scheduler dispatches that job again. The store must absorb every duplicate.
+
+Not imported by ``control_store`` itself: only the CLI uses it, and the spawned children
+import it by name (``multiprocessing``'s spawn start method pickles the target by reference).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import hashlib
+import multiprocessing
+import random
+import signal
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any, Final, Protocol
+
+import msgspec
+
+from ._store import Store
+from .errors import ControlError
+from .models import EvalJob, Job, JobOutcome, JobStatus, Run, RunStatus
+
+# Slots of the counters the scheduler processes share with the parent (a multiprocessing Array).
+DELIVERIES: Final = 0  # record_job_outcome calls that returned
+RECORDED: Final = 1  # ... that returned True: the job was newly recorded
+ABSORBED: Final = 2  # ... that returned False: a duplicate the store absorbed
+REDISPATCHED: Final = 3  # jobs dispatched again because their worker died before acknowledging
+RUNS_DONE: Final = 4  # runs whose every job a scheduler saw acknowledged
+COUNTERS: Final = 5
+
+_MODEL_NAMES: Final = (
+    "atlas-7b",
+    "borealis-13b",
+    "cirrus-34b",
+    "dune-70b",
+    "ember-8x7b",
+    "fjord-3b",
+    "glacier-405b",
+    "harbor-1b",
+)
+ERROR_TEXT: Final = "sandbox timed out after 30 s"
+
+
+class Counters(Protocol):
+    """What the demo needs of a ``multiprocessing.Array('q', COUNTERS)``."""
+
+    def __getitem__(self, index: int) -> int: ...
+    def __setitem__(self, index: int, value: int) -> None: ...
+    def get_lock(self) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DemoConfig:
+    """Every size and rate of a demo; picklable, so it travels to the spawned processes."""
+
+    url: str
+    runs: int = 8
+    models: int = 5
+    samples: int = 25
+    epochs: int = 2
+    schedulers: int = 4
+    processes: int = 2
+    workers: int = 8
+    duplicate_rate: float = 0.10
+    death_rate: float = 0.05
+    error_rate: float = 0.02
+    latency_ms: float = 2.0
+    seed: int = 0
+    busy_timeout: float = 30.0
+
+    @property
+    def jobs_per_run(self) -> int:
+        """models x samples x epochs."""
+        return self.models * self.samples * self.epochs
+
+    @property
+    def total_jobs(self) -> int:
+        """Jobs over every run."""
+        return self.runs * self.jobs_per_run
+
+    def model_names(self) -> list[str]:
+        """The demo's model names, as many as ``models``."""
+        names = list(_MODEL_NAMES[: self.models])
+        names += [f"model-{i + 1}" for i in range(len(names), self.models)]
+        return names
+
+    def schedulers_of(self, process: int) -> int:
+        """How many of the schedulers process number ``process`` runs (spread evenly)."""
+        base, extra = divmod(self.schedulers, self.processes)
+        return base + (1 if process < extra else 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pretend evaluation: deterministic, so the parent can tell which delivery was stored.
+
+
+def _unit(text: str) -> tuple[float, float]:
+    digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+    return (
+        int.from_bytes(digest[:8], "big") / 2**64,
+        int.from_bytes(digest[8:], "big") / 2**64,
+    )
+
+
+def pseudo_outcome(job: Job, attempt: int, error_rate: float) -> JobOutcome:
+    """The outcome a worker reports for ``job`` on its ``attempt``-th dispatch.
+
+    Score and error depend only on the spec (a model's quality, a sample's difficulty); the
+    output names the attempt, so a stored ``"attempt 1"`` proves the first delivery won.
+    """
+    spec = job.spec
+    quality, _ = _unit(f"quality:{spec.model}")
+    draw, failure = _unit(f"{spec.model}|{spec.sample_id}|{spec.epoch}")
+    output = f"attempt {attempt}"
+    if failure < error_rate:
+        return JobOutcome(job.id, output=output, error=ERROR_TEXT)
+    # Pass/fail against a model quality between 0.35 and 0.95: the mean score is an accuracy.
+    return JobOutcome(job.id, score=1.0 if draw < 0.35 + 0.6 * quality else 0.0, output=output)
+
+
+def make_runs(config: DemoConfig) -> Iterator[tuple[Run, list[Job]]]:
+    """The demo's runs, each with its jobs: every model on every sample in every epoch."""
+    models = config.model_names()
+    for index in range(config.runs):
+        run = Run(f"demo/suite-{index + 1}.yaml", models, config.epochs, config.jobs_per_run)
+        jobs = [
+            Job(run.id, EvalJob(model, f"sample-{sample:04d}", epoch))
+            for epoch in range(config.epochs)
+            for model in models
+            for sample in range(config.samples)
+        ]
+        yield run, jobs
+
+
+# ---------------------------------------------------------------------------------------------
+# A scheduler process (runs in the child).
+
+
+class ProcessReport(msgspec.Struct, frozen=True):
+    """What a scheduler process sends the parent when it ends."""
+
+    claimed: list[str] = []
+    """Run ids this process's schedulers claimed."""
+    first_deliveries: list[str] = []
+    """Job ids for which record_job_outcome returned True in this process."""
+    error: str | None = None
+    """Why the process failed, if it did."""
+
+
+@dataclass
+class _Tally:
+    counters: Counters
+    claimed: list[str] = field(default_factory=list)
+    first_deliveries: list[str] = field(default_factory=list)
+
+    def add(self, slot: int, amount: int = 1) -> None:
+        with self.counters.get_lock():
+            self.counters[slot] += amount
+
+
+async def _worker(
+    store: Store,
+    run: Run,
+    todo: collections.deque[tuple[Job, int]],
+    config: DemoConfig,
+    rng: random.Random,
+    tally: _Tally,
+    redispatch: Callable[[Job, int], None],
+) -> None:
+    while todo:
+        job, attempt = todo.popleft()
+        await asyncio.sleep(rng.uniform(0.0, 2.0 * config.latency_ms) / 1000.0)
+        outcome = pseudo_outcome(job, attempt, config.error_rate)
+        copies = 2 if rng.random() < config.duplicate_rate else 1
+        for _ in range(copies):
+            newly = await store.record_job_outcome(run.id, outcome)
+            if newly:
+                tally.first_deliveries.append(str(job.id))
+            tally.add(RECORDED if newly else ABSORBED)
+            tally.add(DELIVERIES)
+        if rng.random() < config.death_rate:
+            # Delivered, then died before acknowledging: the scheduler never hears back, so it
+            # dispatches the job again (to a fresh worker), and that delivery is a duplicate.
+            redispatch(job, attempt + 1)
+            return
+
+
+async def _scheduler(store: Store, config: DemoConfig, rng: random.Random, tally: _Tally) -> None:
+    while (run := await store.claim_next_run()) is not None:
+        tally.claimed.append(str(run.id))
+        await _dispatch(store, run, config, rng, tally)
+        tally.add(RUNS_DONE)
+
+
+async def _dispatch(
+    store: Store, run: Run, config: DemoConfig, rng: random.Random, tally: _Tally
+) -> None:
+    """Hand a run's jobs to ``config.workers`` workers; a job whose worker died goes out again."""
+    jobs = await store.list_jobs(run.id)
+    todo = collections.deque((job, 1) for job in jobs if job.status is not JobStatus.DONE)
+    async with asyncio.TaskGroup() as group:
+
+        def redispatch(job: Job, attempt: int) -> None:
+            tally.add(REDISPATCHED)
+            todo.append((job, attempt))
+            group.create_task(_worker(store, run, todo, config, rng, tally, redispatch))
+
+        for _ in range(min(config.workers, len(todo))):
+            group.create_task(_worker(store, run, todo, config, rng, tally, redispatch))
+
+
+async def _scheduler_process(config: DemoConfig, process: int, tally: _Tally) -> None:
+    async with (
+        Store.connect(config.url, busy_timeout=config.busy_timeout) as store,
+        asyncio.TaskGroup() as group,
+    ):
+        for index in range(config.schedulers_of(process)):
+            # Fault injection, not cryptography: a seeded generator makes a demo repeatable.
+            rng = random.Random(f"{config.seed}/{process}/{index}")  # noqa: S311
+            group.create_task(_scheduler(store, config, rng, tally))
+
+
+def first_error(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (TaskGroup wraps what its tasks raised)."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
+def scheduler_process(
+    config: DemoConfig, process: int, counters: Counters, conn: Connection
+) -> None:
+    """A child's entry point: run its schedulers, then send a ``ProcessReport`` to the parent."""
+    # The parent owns Ctrl-C: it terminates the children, which must not print tracebacks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tally = _Tally(counters)
+    error: str | None = None
+    try:
+        asyncio.run(_scheduler_process(config, process, tally))
+    except BaseException as exc:  # reported to the parent, which decides how to fail
+        leaf = first_error(exc)
+        if isinstance(leaf, ControlError):
+            error = str(leaf)
+        else:
+            error = "".join(traceback.format_exception(leaf)).strip()
+    report = ProcessReport(tally.claimed, tally.first_deliveries, error)
+    with contextlib.suppress(OSError):  # the parent is gone: nobody to tell
+        conn.send_bytes(msgspec.msgpack.encode(report))
+    conn.close()
+    if error is not None:
+        sys.exit(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The parent: submit, start, watch, verify.
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The shared counters at one moment."""
+
+    deliveries: int
+    recorded: int
+    absorbed: int
+    redispatched: int
+    runs_done: int
+    elapsed: float
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One invariant, verified against the database."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class FleetResult:
+    """What the fleet did: final counters, per-process reports and exit codes."""
+
+    snapshot: Snapshot
+    reports: list[ProcessReport]
+    exit_codes: list[int | None]
+
+
+async def submit(store: Store, config: DemoConfig) -> list[Run]:
+    """Insert the demo's runs and jobs; return the runs."""
+    runs: list[Run] = []
+    for run, jobs in make_runs(config):
+        await store.insert_run(run)
+        await store.insert_jobs(jobs)
+        runs.append(run)
+    return runs
+
+
+async def run_fleet(config: DemoConfig, on_progress: Callable[[Snapshot], None]) -> FleetResult:
+    """Start the scheduler processes and wait for them, reporting progress about every 0.1 s."""
+    context = multiprocessing.get_context("spawn")  # no fork: the parent holds an open store
+    counters: Counters = context.Array("q", COUNTERS)
+    processes: list[multiprocessing.process.BaseProcess] = []
+    pipes: list[Connection] = []
+    started = time.perf_counter()
+
+    def snapshot() -> Snapshot:
+        with counters.get_lock():
+            values = [counters[i] for i in range(COUNTERS)]
+        deliveries, recorded, absorbed, redispatched, runs_done = values
+        elapsed = time.perf_counter() - started
+        return Snapshot(deliveries, recorded, absorbed, redispatched, runs_done, elapsed)
+
+    try:
+        for index in range(config.processes):
+            receiver, sender = context.Pipe(duplex=False)
+            child = context.Process(
+                target=scheduler_process,
+                args=(config, index, counters, sender),
+                name=f"control-store-demo-scheduler-{index}",
+                daemon=True,
+            )
+            child.start()
+            sender.close()  # the child holds its end; EOF then means the child is gone
+            processes.append(child)
+            pipes.append(receiver)
+        reports: list[ProcessReport | None] = [None] * len(processes)
+        while True:
+            for index, pipe in enumerate(pipes):
+                reports[index] = _receive(pipe, reports[index])
+            if not any(p.is_alive() for p in processes):
+                break
+            on_progress(snapshot())
+            await asyncio.sleep(0.1)
+        for index, pipe in enumerate(pipes):
+            reports[index] = _receive(pipe, reports[index])
+        for process in processes:
+            process.join()
+    finally:
+        for process in processes:  # only ours, and only if still running (interrupted)
+            if process.is_alive():
+                process.terminate()
+                process.join()
+        for pipe in pipes:
+            pipe.close()
+    final = snapshot()
+    on_progress(final)
+    exit_codes = [p.exitcode for p in processes]
+    missing = ProcessReport(error="exited without reporting (killed, or crashed)")
+    return FleetResult(final, [r or missing for r in reports], exit_codes)
+
+
+def _receive(pipe: Connection, current: ProcessReport | None) -> ProcessReport | None:
+    if current is not None:
+        return current
+    try:
+        if not pipe.poll():
+            return None
+        return msgspec.msgpack.decode(pipe.recv_bytes(), type=ProcessReport)
+    except (EOFError, OSError):
+        return None
+
+
+async def verify(
+    store: Store, config: DemoConfig, runs: Sequence[Run], result: FleetResult
+) -> list[Check]:
+    """Every invariant of the demo, checked against the database."""
+    checks: list[Check] = []
+
+    def check(name: str, ok: bool, detail: str) -> None:
+        checks.append(Check(name, ok, detail))
+
+    failed = [
+        f"process {i} (exit code {code}): {report.error or 'no error reported'}"
+        for i, (report, code) in enumerate(zip(result.reports, result.exit_codes, strict=True))
+        if code != 0 or report.error is not None
+    ]
+    check(
+        "every scheduler process finished cleanly",
+        not failed,
+        "; ".join(failed) or f"{config.processes} processes exited 0",
+    )
+
+    ids = {str(run.id) for run in runs}
+    claims = collections.Counter(i for report in result.reports for i in report.claimed)
+    twice = sorted(i for i, n in claims.items() if n > 1)
+    unclaimed = sorted(ids - set(claims))
+    foreign = sorted(set(claims) - ids)
+    check(
+        "every run claimed by exactly one scheduler",
+        not (twice or unclaimed or foreign),
+        _problems(
+            [
+                ("claimed twice", twice),
+                ("claimed by no scheduler that reported", unclaimed),
+                ("not ours", foreign),
+            ],
+            ok=f"{len(ids)} runs, {sum(claims.values())} claims",
+        ),
+    )
+
+    stored_runs = [await store.get_run(run.id) for run in runs]
+    unfinished = [
+        f"{run.id} is {stored.status.value} at {stored.done_count}/{stored.job_count}"
+        if stored is not None
+        else f"{run.id} is missing"
+        for run, stored in zip(runs, stored_runs, strict=True)
+        if stored is None
+        or stored.status is not RunStatus.DONE
+        or not stored.done_count == stored.job_count == config.jobs_per_run
+    ]
+    check(
+        "every run done with done_count == job count",
+        not unfinished,
+        "; ".join(unfinished[:3])
+        or f"{len(runs)}/{len(runs)} runs done, {config.jobs_per_run} jobs each",
+    )
+
+    jobs = [job for run in runs for job in await store.list_jobs(run.id)]
+    firsts = collections.Counter(i for report in result.reports for i in report.first_deliveries)
+    job_ids = {str(job.id) for job in jobs}
+    not_done = sorted(str(j.id) for j in jobs if j.status is not JobStatus.DONE or not j.outcome)
+    counted_twice = sorted(i for i, n in firsts.items() if n > 1)
+    never = sorted(job_ids - set(firsts))
+    check(
+        "every job recorded exactly once",
+        len(jobs) == config.total_jobs and not (not_done or counted_twice or never),
+        _problems(
+            [
+                ("not done", not_done),
+                ("recorded twice", counted_twice),
+                ("with no first delivery reported", never),
+            ],
+            ok=f"{len(jobs):,} jobs done, {sum(firsts.values()):,} first deliveries",
+        )
+        if len(jobs) == config.total_jobs
+        else f"{len(jobs):,} jobs in the database, expected {config.total_jobs:,}",
+    )
+
+    overwritten = [
+        str(job.id)
+        for job in jobs
+        if job.outcome is not None and job.outcome != pseudo_outcome(job, 1, config.error_rate)
+    ]
+    check(
+        "first delivery kept for every job",
+        not overwritten,
+        _problems([("outcome is not the first delivery", overwritten)], ok="attempt 1 stored"),
+    )
+
+    snap = result.snapshot
+    recorded = sum(stored.done_count for stored in stored_runs if stored is not None)
+    check(
+        "every duplicate absorbed",
+        snap.absorbed == snap.deliveries - recorded and snap.recorded == recorded,
+        f"{snap.absorbed:,} deliveries returned False; {snap.deliveries:,} deliveries - "
+        f"{recorded:,} jobs recorded in the database = {snap.deliveries - recorded:,}",
+    )
+
+    problems = await store.check()
+    check(
+        "store.check() finds no problems",
+        not problems,
+        "; ".join(f"{p.table} {p.row_id}: {p.message}" for p in problems[:3]) or "none",
+    )
+    return checks
+
+
+def _problems(found: Sequence[tuple[str, Sequence[str]]], *, ok: str) -> str:
+    parts = [f"{len(ids)} {label} (e.g. {', '.join(ids[:2])})" for label, ids in found if ids]
+    return "; ".join(parts) or ok
+
+
+def new_seed() -> int:
+    """A fresh seed, printed by the CLI so that a run can be repeated."""
+    return uuid.uuid4().int % 1_000_000

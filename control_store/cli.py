@@ -1,0 +1,731 @@
+"""The ``control-store`` command: look into a store, migrate it, and run the demo fleet.
+
+Standard library only (argparse, text tables, a text progress bar), so the command needs no
+dependency beyond the library's; ``import control_store`` never imports this module.
+
+Exit codes: 0 success; 1 an expected failure, told in one line on stderr (bad URL, unknown
+run, locked or corrupt database, problems found by ``check``, a failed demo invariant);
+2 a usage error; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, TextIO
+
+import msgspec
+
+from . import _sqlite
+from ._store import Store
+from .errors import ControlError, DatabaseBusyError, NotFoundError
+from .models import Job, JobStatus, Run, RunStatus
+
+if TYPE_CHECKING:  # the demo's module is imported only when the demo runs
+    from ._demo import Check, DemoConfig, Snapshot
+
+PROG: Final = "control-store"
+URL_ENV: Final = "CONTROL_STORE_URL"
+DEFAULT_URL: Final = "sqlite://control.db"
+EXIT_OK: Final = 0
+EXIT_FAILURE: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_INTERRUPTED: Final = 130
+DEFAULT_LIMIT: Final = 20
+
+
+class Failure(Exception):
+    """An expected failure of a command: its message is the one line the user sees."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Output: text for people (aligned tables, a bar, colour on a terminal), JSON for scripts.
+
+
+@dataclass(frozen=True, slots=True)
+class Terminal:
+    """How to write to one stream: whether it is a terminal, can show Unicode, takes colour."""
+
+    stream: TextIO
+    tty: bool
+    unicode: bool
+    color: bool
+    width: int
+
+    @classmethod
+    def of(cls, stream: TextIO) -> Terminal:
+        tty = stream.isatty()
+        encoding = (getattr(stream, "encoding", None) or "ascii").lower().replace("-", "")
+        color = tty and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+        # Off a terminal (a pipe, a file) nothing is cut: the reader may be grep.
+        width = _width() if tty else 1_000_000
+        return cls(stream, tty, encoding in ("utf8", "utf16", "utf32"), color, width)
+
+    def paint(self, text: str, code: str) -> str:
+        """``text`` in ANSI colour ``code`` on a colour terminal, unchanged elsewhere."""
+        return f"\x1b[{code}m{text}\x1b[0m" if self.color and text else text
+
+    def bar(self, done: int, total: int, width: int = 12) -> str:
+        """A progress bar of ``width`` cells: full blocks on Unicode terminals, # and - else."""
+        filled = width if total <= 0 else min(width, done * width // total)
+        full, empty = ("█", "░") if self.unicode else ("#", "-")
+        return full * filled + empty * (width - filled)
+
+    def mark(self, ok: bool) -> str:
+        if self.unicode:
+            return self.paint("✓", "32") if ok else self.paint("✗", "31")
+        return "ok  " if ok else "FAIL"
+
+    def print(self, text: str = "") -> None:
+        print(text, file=self.stream)
+
+
+def _width() -> int:
+    return max(60, shutil.get_terminal_size((100, 24)).columns)
+
+
+def _json(value: object) -> str:
+    return msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
+
+
+_STATUS_COLOR: Final = {"queued": "2", "running": "33", "done": "32"}
+
+
+def _age(then: datetime, now: datetime) -> str:
+    seconds = max(0.0, (now - then).total_seconds())
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _clip(text: str, width: int) -> str:
+    if len(text) <= width:
+        return text
+    return text[: max(0, width - 1)] + "…" if width > 1 else text[:width]
+
+
+def _table(term: Terminal, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Left-aligned columns; the last column is cut to the terminal's width."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    fixed = sum(widths[:-1]) + 2 * (len(widths) - 1)
+    widths[-1] = max(len(header[-1]), min(widths[-1], term.width - fixed))
+    heading = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()
+    term.print(term.paint(heading, "1"))
+    for row in rows:
+        cells = [_clip(cell, w).ljust(w) for cell, w in zip(row, widths, strict=True)]
+        status = row[1] if len(row) > 1 else ""
+        cells[1] = term.paint(cells[1], _STATUS_COLOR.get(status, "0"))
+        term.print("  ".join(cells).rstrip())
+
+
+# ---------------------------------------------------------------------------------------------
+# Opening the store
+
+
+def _url(args: argparse.Namespace) -> str:
+    url = getattr(args, "url", None) or os.environ.get(URL_ENV) or DEFAULT_URL
+    return str(url)
+
+
+def _shown(args: argparse.Namespace) -> str:
+    """The URL as messages show it: any password replaced."""
+    return _sqlite.redact(_url(args))
+
+
+def _busy_timeout(args: argparse.Namespace) -> float:
+    return float(getattr(args, "busy_timeout", 5.0))
+
+
+def _database_path(url: str, *, create_hint: str) -> str:
+    """The file ``url`` names, which must exist: a command that only reads never creates one."""
+    path = _sqlite.parse_url(url)  # a bad URL is a ConfigurationError naming the fix
+    if path != _sqlite.MEMORY and not Path(path).exists():
+        raise Failure(
+            f"no database at {path!r} (URL {_sqlite.redact(url)!r}); check --url or "
+            f"${URL_ENV}, or {create_hint}"
+        )
+    return path
+
+
+async def _open_existing(args: argparse.Namespace) -> Store:
+    """Open the store for reading: never create a file, never migrate behind the user's back."""
+    url = _url(args)
+    hint = f"create one with '{PROG} migrate' (or '{PROG} demo')"
+    path = _database_path(url, create_hint=hint)
+    store = await Store.connect(url, busy_timeout=_busy_timeout(args), migrate=path == ":memory:")
+    try:
+        pending = [m for m in await store.migration_status() if m.installed_on is None]
+    except BaseException:
+        await store.close()
+        raise
+    if pending:
+        await store.close()
+        names = ", ".join(f"{m.version} ({m.description})" for m in pending)
+        raise Failure(
+            f"database {path!r} has pending migrations: {names}; apply them with "
+            f"'{PROG} migrate --url {_sqlite.redact(url)}'"
+        )
+    return store
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands. Each returns an exit code; expected failures raise ControlError or Failure.
+
+
+async def cmd_migrate(args: argparse.Namespace, out: Terminal) -> int:
+    """Apply pending migrations, or list applied and pending ones (--status)."""
+    url = _url(args)
+    if args.status:
+        store = await _open_for_status(args)
+        async with store:
+            states = await store.migration_status()
+        if args.json:
+            out.print(_json([asdict(s) | {"applied": s.installed_on is not None} for s in states]))
+            return EXIT_OK
+        rows = [
+            [
+                str(s.version),
+                s.description,
+                "applied" if s.installed_on else "pending",
+                s.installed_on or "",
+            ]
+            for s in states
+        ]
+        _table(out, ["VERSION", "DESCRIPTION", "STATE", "INSTALLED ON"], rows)
+        return EXIT_OK
+    async with Store.connect(url, busy_timeout=_busy_timeout(args), migrate=False) as store:
+        applied = await store.migrate()
+        states = await store.migration_status()
+    current = max((s.version for s in states if s.installed_on), default=0)
+    if args.json:
+        out.print(_json({"applied": applied, "version": current}))
+    elif applied:
+        for state in states:
+            if state.version in applied:
+                out.print(f"applied migration {state.version} ({state.description})")
+        out.print(f"database is at migration {current}")
+    else:
+        out.print(f"database is up to date (migration {current}); nothing to apply")
+    return EXIT_OK
+
+
+async def _open_for_status(args: argparse.Namespace) -> Store:
+    url = _url(args)
+    _database_path(url, create_hint=f"create one with '{PROG} migrate'")
+    return await Store.connect(url, busy_timeout=_busy_timeout(args), migrate=False)
+
+
+async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
+    """A table of runs, newest first, with a progress bar."""
+    limit = None if args.all else args.limit
+    async with await _open_existing(args) as store:
+        # One more than asked, to say whether there are more without counting them all.
+        runs = await store.list_runs(status=args.status, limit=None if limit is None else limit + 1)
+    more = limit is not None and len(runs) > limit
+    runs = runs[:limit]
+    if args.json:
+        out.print(_json(runs))
+        return EXIT_OK
+    if not runs:
+        which = f"{args.status} runs" if args.status else "runs"
+        out.print(f"no {which} in {_shown(args)}")
+        return EXIT_OK
+    now = datetime.now(UTC)
+    header = ["RUN ID", "STATUS", "PROGRESS", "AGE", "MANIFEST", "MODELS"]
+    rows = [
+        [
+            str(run.id),
+            run.status.value,
+            f"{out.bar(run.done_count, run.job_count)} {_fraction(run)}",
+            _age(run.created_at, now),
+            _clip(run.manifest, 40 if out.tty else out.width),
+        ]
+        for run in runs
+    ]
+    used = sum(max(len(h), *(len(r[i]) for r in rows)) + 2 for i, h in enumerate(header[:-1]))
+    for row, run in zip(rows, runs, strict=True):
+        row.append(_fit_names(run.models, out.width - used))
+    _table(out, header, rows)
+    if more:
+        out.print(f"(newest {limit} shown; --limit N for more, --all for every run)")
+    return EXIT_OK
+
+
+def _fit_names(names: Sequence[str], width: int) -> str:
+    """As many of ``names`` as fit in ``width``, then "+N" for the rest."""
+    for shown in range(len(names), 0, -1):
+        rest = len(names) - shown
+        text = ", ".join(names[:shown]) + (f" +{rest}" if rest else "")
+        if len(text) <= width:
+            return text
+    return f"{len(names)} models" if names else ""
+
+
+def _fraction(run: Run) -> str:
+    width = len(str(run.job_count))
+    percent = 100 * run.done_count // run.job_count if run.job_count else 100
+    return f"{run.done_count:>{width}}/{run.job_count} {percent:>3}%"
+
+
+@dataclass(frozen=True, slots=True)
+class _Scores:
+    done: int
+    scored: int
+    errors: int
+    mean_score: float | None
+    min_score: float | None
+    max_score: float | None
+
+
+def _scores(jobs: Sequence[Job]) -> _Scores:
+    outcomes = [job.outcome for job in jobs if job.outcome is not None]
+    scores = [o.score for o in outcomes if o.score is not None]
+    return _Scores(
+        done=len(outcomes),
+        scored=len(scores),
+        errors=sum(1 for o in outcomes if o.error is not None),
+        mean_score=math.fsum(scores) / len(scores) if scores else None,
+        min_score=min(scores, default=None),
+        max_score=max(scores, default=None),
+    )
+
+
+async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
+    """One run: its fields, its jobs counted by status, and a summary of their outcomes."""
+    async with await _open_existing(args) as store:
+        run = await store.get_run(args.run_id)
+        if run is None:
+            raise NotFoundError(
+                f"no run {args.run_id} in {_shown(args)}; list the runs with '{PROG} runs'"
+            )
+        jobs = await store.list_jobs(run.id)
+    by_status = Counter(job.status.value for job in jobs)
+    counts = {status.value: by_status.get(status.value, 0) for status in JobStatus}
+    overall = _scores(jobs)
+    per_model = {
+        model: _scores([job for job in jobs if job.spec.model == model])
+        for model in dict.fromkeys([*run.models, *(job.spec.model for job in jobs)])
+    }
+    errors = Counter(
+        job.outcome.error for job in jobs if job.outcome is not None and job.outcome.error
+    )
+    if args.json:
+        out.print(
+            _json(
+                {
+                    "run": run,
+                    "jobs": counts,
+                    "outcomes": asdict(overall),
+                    "models": {model: asdict(s) for model, s in per_model.items()},
+                    "errors": [{"error": e, "count": n} for e, n in errors.most_common()],
+                }
+            )
+        )
+        return EXIT_OK
+    now = datetime.now(UTC)
+    created = run.created_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    fields = [
+        ("run", str(run.id)),
+        ("status", out.paint(run.status.value, _STATUS_COLOR[run.status.value])),
+        ("progress", f"{out.bar(run.done_count, run.job_count, 24)} {_fraction(run)}"),
+        ("manifest", run.manifest),
+        ("models", ", ".join(run.models)),
+        ("epochs", str(run.epochs)),
+        ("created", f"{created} ({_age(run.created_at, now)} ago)"),
+        (
+            "jobs",
+            "  ".join(f"{status} {n:,}" for status, n in counts.items())
+            + f"  (of {run.job_count:,})",
+        ),
+        ("outcomes", _describe(overall)),
+    ]
+    for name, value in fields:
+        out.print(f"{name:<10}{value}")
+    if overall.done:
+        out.print()
+        rows = [
+            [model, f"{s.done:,}", f"{s.scored:,}", _score(s.mean_score), f"{s.errors:,}"]
+            for model, s in per_model.items()
+        ]
+        _table(out, ["MODEL", "DONE", "SCORED", "MEAN", "ERRORS"], rows)
+    if errors:
+        out.print()
+        out.print("most common errors:")
+        for error, n in errors.most_common(5):
+            out.print(f"  {n:>6,}  {_clip(error.replace(chr(10), ' '), out.width - 10)}")
+    return EXIT_OK
+
+
+def _score(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _describe(s: _Scores) -> str:
+    if not s.done:
+        return "none recorded yet"
+    text = f"{s.done:,} recorded, {s.scored:,} scored, mean score {_score(s.mean_score)}"
+    if s.scored:
+        text += f" (min {_score(s.min_score)}, max {_score(s.max_score)})"
+    return text + f", {s.errors:,} errors"
+
+
+async def cmd_check(args: argparse.Namespace, out: Terminal) -> int:
+    """Look for inconsistencies; exit 1 if there are any."""
+    async with await _open_existing(args) as store:
+        problems = await store.check()
+    if args.json:
+        out.print(_json({"ok": not problems, "problems": problems}))
+    elif problems:
+        for problem in problems:
+            where = f"{problem.table} {problem.row_id}".strip()
+            out.print(f"{where}: {problem.message}")
+        out.print(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} found")
+    else:
+        out.print(f"no problems found in {_shown(args)}")
+    return EXIT_FAILURE if problems else EXIT_OK
+
+
+async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
+    """Run the demo fleet and verify its invariants against the database."""
+    from . import _demo  # only the demo needs multiprocessing and the fleet's code
+
+    seed = _demo.new_seed() if args.seed is None else args.seed
+    config = _demo.DemoConfig(
+        url=_url(args),
+        runs=args.runs,
+        models=args.models,
+        samples=args.samples,
+        epochs=args.epochs,
+        schedulers=args.schedulers,
+        processes=min(args.processes, args.schedulers),
+        workers=args.workers,
+        duplicate_rate=args.duplicate_rate,
+        death_rate=args.death_rate,
+        error_rate=args.error_rate,
+        latency_ms=args.latency_ms,
+        seed=seed,
+        busy_timeout=max(_busy_timeout(args), 30.0),
+    )
+    human = not args.json
+    async with Store.connect(config.url, busy_timeout=config.busy_timeout) as store:
+        queued = await store.list_runs(status=RunStatus.QUEUED, limit=1)
+        if queued:
+            raise Failure(
+                f"{_sqlite.redact(config.url)} already has queued runs (e.g. {queued[0].id}), "
+                "which the demo's schedulers would claim; run the demo on its own database: "
+                f"{PROG} demo --url sqlite://demo.db"
+            )
+        if human:
+            _describe_demo(out, config)
+        runs = await _demo.submit(store, config)
+        progress = _Progress(out, config.total_jobs, config.runs, enabled=human)
+        result = await _demo.run_fleet(config, progress.update)
+        progress.finish()
+        checks = await _demo.verify(store, config, runs, result)
+    ok = all(c.ok for c in checks)
+    snap = result.snapshot
+    if args.json:
+        out.print(
+            _json(
+                {
+                    "ok": ok,
+                    "config": asdict(config) | {"jobs_per_run": config.jobs_per_run},
+                    "runs": [str(run.id) for run in runs],
+                    "elapsed_seconds": round(snap.elapsed, 3),
+                    "jobs_per_second": round(config.total_jobs / max(snap.elapsed, 1e-9), 1),
+                    "deliveries": snap.deliveries,
+                    "recorded": snap.recorded,
+                    "duplicates_absorbed": snap.absorbed,
+                    "redispatched": snap.redispatched,
+                    "checks": [asdict(c) for c in checks],
+                }
+            )
+        )
+    else:
+        _summarise_demo(out, config, snap, checks, ok)
+    if not ok:
+        failed = "; ".join(c.name for c in checks if not c.ok)
+        print(f"{PROG}: error: demo invariant failed: {failed}", file=sys.stderr)
+    return EXIT_OK if ok else EXIT_FAILURE
+
+
+def _describe_demo(out: Terminal, c: DemoConfig) -> None:
+    out.print(
+        f"control-store demo on {_sqlite.redact(c.url)}: {c.runs} runs x {c.jobs_per_run} jobs "
+        f"({c.models} models x {c.samples} samples x {c.epochs} epochs)"
+    )
+    out.print(
+        f"  {c.schedulers} schedulers in {c.processes} processes, {c.workers} workers each; "
+        f"{c.duplicate_rate:.0%} of outcomes delivered twice, {c.death_rate:.0%} of dispatches "
+        f"end with the worker dying before it acknowledges (seed {c.seed})"
+    )
+
+
+def _summarise_demo(
+    out: Terminal, c: DemoConfig, snap: Snapshot, checks: Sequence[Check], ok: bool
+) -> None:
+    rate = c.total_jobs / max(snap.elapsed, 1e-9)
+    out.print(
+        f"{c.total_jobs:,} jobs in {snap.elapsed:.1f} s: {rate:,.0f} jobs/s, "
+        f"{snap.deliveries:,} deliveries, {snap.absorbed:,} duplicates absorbed "
+        f"({snap.redispatched:,} jobs dispatched again after a worker died)"
+    )
+    out.print("verified against the database:")
+    for check in checks:
+        out.print(f"  {out.mark(check.ok)} {check.name}: {check.detail}")
+    if ok:
+        out.print(f"look inside: {PROG} runs   then   {PROG} show <RUN ID>")
+
+
+class _Progress:
+    """Live progress: one line rewritten in place on a terminal, a plain line a second else."""
+
+    def __init__(self, out: Terminal, jobs: int, runs: int, *, enabled: bool) -> None:
+        self._out = out
+        self._jobs = jobs
+        self._runs = runs
+        self._enabled = enabled
+        self._last_line = 0.0
+        self._shown = False
+
+    def _line(self, snap: Snapshot) -> str:
+        rate = snap.recorded / snap.elapsed if snap.elapsed > 0 else 0.0
+        width = len(f"{self._jobs:,}")
+        return (
+            f"{self._out.bar(snap.recorded, self._jobs, 20)} "
+            f"{snap.recorded:>{width},}/{self._jobs:,} jobs recorded  "
+            f"runs done {snap.runs_done}/{self._runs}  "
+            f"duplicates absorbed {snap.absorbed:,}  {rate:,.0f} jobs/s"
+        )
+
+    def update(self, snap: Snapshot) -> None:
+        if not self._enabled:
+            return
+        if self._out.tty:
+            self._out.stream.write("\r\x1b[K" + _clip(self._line(snap), self._out.width - 1))
+            self._out.stream.flush()
+            self._shown = True
+        elif snap.elapsed - self._last_line >= 1.0:
+            self._last_line = snap.elapsed
+            self._out.print(self._line(snap))
+
+    def finish(self) -> None:
+        if self._shown:
+            self._out.stream.write("\n")
+            self._out.stream.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _rate(limit: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not 0.0 <= value <= limit:
+            raise argparse.ArgumentTypeError(f"{value} must be between 0 and {limit}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    return _rate(86_400.0)(text)
+
+
+def _run_id(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a run id; run ids are UUIDs, as '{PROG} runs' lists them"
+        ) from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: an option given before the command is not overwritten by the command's default.
+    common.add_argument(
+        "--url",
+        default=argparse.SUPPRESS,
+        help=f"the store's URL (default: ${URL_ENV}, else {DEFAULT_URL})",
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON for scripts"
+    )
+    common.add_argument(
+        "--busy-timeout",
+        type=_seconds,
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help="how long to wait for another process's write lock (default: 5)",
+    )
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        parents=[common],
+        description="Look into a control_store database, migrate it, or run the demo fleet.",
+        epilog=f"exit codes: 0 ok, 1 failure (one line on stderr), 2 usage error. Try: {PROG} demo",
+    )
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+
+    migrate = commands.add_parser(
+        "migrate", parents=[common], help="apply pending migrations (--status: list them)"
+    )
+    migrate.add_argument(
+        "--status", action="store_true", help="list applied and pending migrations, change nothing"
+    )
+    migrate.set_defaults(command=cmd_migrate)
+
+    runs = commands.add_parser("runs", parents=[common], help="a table of runs, newest first")
+    runs.add_argument("--status", choices=[s.value for s in RunStatus], help="only these runs")
+    runs.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=DEFAULT_LIMIT,
+        metavar="N",
+        help=f"at most N runs (default: {DEFAULT_LIMIT})",
+    )
+    runs.add_argument("--all", action="store_true", help="every run, no limit")
+    runs.set_defaults(command=cmd_runs)
+
+    show = commands.add_parser(
+        "show", parents=[common], help="one run: jobs by status and a summary of outcomes"
+    )
+    show.add_argument("run_id", type=_run_id, metavar="RUN_ID", help="the run's id (a UUID)")
+    show.set_defaults(command=cmd_show)
+
+    check = commands.add_parser(
+        "check", parents=[common], help="look for inconsistencies (exit 1 if any)"
+    )
+    check.set_defaults(command=cmd_check)
+
+    demo = commands.add_parser(
+        "demo",
+        parents=[common],
+        help="run a small evaluation fleet and verify its invariants",
+        description="Submit runs, start schedulers in OS processes that claim them and "
+        "dispatch their jobs to simulated workers delivering at-least-once, then verify "
+        "against the database that every job was counted exactly once.",
+    )
+    sizes = demo.add_argument_group("sizes")
+    sizes.add_argument("--runs", type=_positive_int, default=8, metavar="R", help="default: 8")
+    sizes.add_argument("--models", type=_positive_int, default=5, metavar="M", help="default: 5")
+    sizes.add_argument("--samples", type=_positive_int, default=25, metavar="N", help="default: 25")
+    sizes.add_argument("--epochs", type=_positive_int, default=2, metavar="E", help="default: 2")
+    sizes.add_argument(
+        "--schedulers", type=_positive_int, default=4, metavar="S", help="default: 4"
+    )
+    sizes.add_argument(
+        "--processes",
+        type=_positive_int,
+        default=2,
+        metavar="P",
+        help="OS processes the schedulers are spread over (default: 2)",
+    )
+    sizes.add_argument(
+        "--workers", type=_positive_int, default=8, metavar="W", help="per scheduler (default: 8)"
+    )
+    behaviour = demo.add_argument_group("at-least-once delivery")
+    behaviour.add_argument(
+        "--duplicate-rate",
+        type=_rate(1.0),
+        default=0.10,
+        metavar="F",
+        help="share of outcomes delivered twice (default: 0.10)",
+    )
+    behaviour.add_argument(
+        "--death-rate",
+        type=_rate(0.9),
+        default=0.05,
+        metavar="F",
+        help="chance per dispatch that the worker dies after delivering, before "
+        "acknowledging, so the job goes out again (default: 0.05)",
+    )
+    behaviour.add_argument(
+        "--error-rate",
+        type=_rate(1.0),
+        default=0.02,
+        metavar="F",
+        help="share of jobs whose evaluation reports an error (default: 0.02)",
+    )
+    behaviour.add_argument(
+        "--latency-ms",
+        type=_rate(10_000.0),
+        default=2.0,
+        metavar="MS",
+        help="mean pretend evaluation time (default: 2)",
+    )
+    behaviour.add_argument(
+        "--seed", type=int, default=None, help="seed of the delivery faults (default: random)"
+    )
+    demo.set_defaults(command=cmd_demo)
+    return parser
+
+
+Command = Callable[[argparse.Namespace, Terminal], Coroutine[Any, Any, int]]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 0 for --help, 2 for a usage error
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if not hasattr(args, "json"):
+        args.json = False
+    command: Command = args.command
+    started = time.perf_counter()
+    try:
+        code = asyncio.run(command(args, Terminal.of(sys.stdout)))
+        sys.stdout.flush()  # here, so that a closed pipe is caught below, not at exit
+    except (ControlError, Failure) as exc:
+        message = " ".join(str(exc).split())  # one line, whatever the message held
+        if isinstance(exc, DatabaseBusyError):
+            message += " (here: --busy-timeout SECONDS)"
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        elapsed = time.perf_counter() - started
+        message = f"{PROG}: interrupted after {elapsed:.1f} s"
+        if command is cmd_demo:
+            message += (
+                f"; the demo's unfinished runs stay in {_shown(args)}, where the next demo would "
+                "refuse them: delete that file, or give the next demo another --url"
+            )
+        print(message, file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`control-store runs | head`): stop quietly. Point stdout at
+        # devnull so the interpreter's final flush does not complain a second time.
+        with contextlib.suppress(OSError):  # io.UnsupportedOperation: stdout has no fd
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_FAILURE
+    return code

@@ -1,0 +1,718 @@
+"""The control-store command: each command on a real store, its JSON, its errors, the demo."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from control_store import JobOutcome, Run, RunStatus, Store, cli
+from control_store import _demo as demo
+
+from conftest import make_jobs, make_run
+
+Result = tuple[int, str, str]
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> Result:
+    """``main(argv)`` in this process: the exit code, stdout and stderr."""
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def run_subprocess(*argv: str, cwd: Path | None = None) -> Result:
+    """``python -m control_store argv`` as a real process."""
+    done = subprocess.run(
+        [sys.executable, "-m", "control_store", *argv],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=_clean_env(),
+        check=False,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != cli.URL_ENV}
+    env["PYTHONIOENCODING"] = "utf-8"
+    return env
+
+
+def assert_one_line_error(result: Result, *fragments: str) -> None:
+    """Exit 1, nothing on stdout, one line on stderr naming every fragment, no traceback."""
+    code, out, err = result
+    assert code == 1, (out, err)
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("control-store: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+async def _populate(path: Path) -> tuple[Run, Run]:
+    """Two runs: an older one with three of four jobs recorded, a newer one untouched."""
+    base = datetime.now(UTC) - timedelta(hours=2)
+    older, newer = make_run(4, created_at=base), make_run(2, created_at=base + timedelta(hours=1))
+    async with Store.connect(path) as store:
+        for run in (older, newer):
+            await store.insert_run(run)
+            await store.insert_jobs(make_jobs(run))
+        await store.claim_next_run()
+        jobs = await store.list_jobs(older.id)
+        await store.record_job_outcome(older.id, JobOutcome(jobs[0].id, score=1.0))
+        await store.record_job_outcome(older.id, JobOutcome(jobs[1].id, score=0.0))
+        await store.record_job_outcome(older.id, JobOutcome(jobs[2].id, error="boom\nat line 2"))
+    return older, newer
+
+
+@pytest.fixture
+def populated(db_path: Path) -> tuple[Path, Run, Run]:
+    """A migrated database holding the two runs of ``_populate``."""
+    older, newer = asyncio.run(_populate(db_path))
+    return db_path, older, newer
+
+
+def _stored_runs(path: Path) -> list[Run]:
+    async def read() -> list[Run]:
+        async with Store.connect(path) as store:
+            return await store.list_runs()
+
+    return asyncio.run(read())
+
+
+# ---------------------------------------------------------------------------------------------
+# runs
+
+
+def test_runs_lists_newest_first_with_progress(
+    capsys: pytest.CaptureFixture[str], populated: tuple[Path, Run, Run]
+) -> None:
+    """runs prints a header and one row per run, newest first, with done/job_count and age."""
+    path, older, newer = populated
+    code, out, err = run_cli(capsys, "runs", "--url", str(path))
+    assert (code, err) == (0, "")
+    header, first, second = out.splitlines()
+    assert header.split() == ["RUN", "ID", "STATUS", "PROGRESS", "AGE", "MANIFEST", "MODELS"]
+    assert first.startswith(str(newer.id))
+    assert second.startswith(str(older.id))
+    assert "running" in second
+    assert "3/4  75%" in second
+    assert " 2h " in second
+    assert "model-a, model-b" in second
+
+
+def test_runs_json_parses_back_to_the_stored_runs(
+    capsys: pytest.CaptureFixture[str], populated: tuple[Path, Run, Run]
+) -> None:
+    """runs --json is a list that decodes into Run structs equal to the store's."""
+    path, _, _ = populated
+    code, out, _ = run_cli(capsys, "runs", "--json", "--url", str(path))
+    assert code == 0
+    assert isinstance(json.loads(out), list)
+    assert msgspec.json.decode(out, type=list[Run]) == _stored_runs(path)
+
+
+def test_runs_filters_by_status_and_says_when_there_are_more(
+    capsys: pytest.CaptureFixture[str], populated: tuple[Path, Run, Run]
+) -> None:
+    """--status keeps only matching runs; --limit cuts the list and the footer says so."""
+    path, older, newer = populated
+    code, out, _ = run_cli(capsys, "runs", "--status", "running", "--json", "--url", str(path))
+    assert code == 0
+    assert [r["id"] for r in json.loads(out)] == [str(older.id)]
+    code, out, _ = run_cli(capsys, "runs", "--limit", "1", "--url", str(path))
+    assert code == 0
+    assert str(newer.id) in out
+    assert str(older.id) not in out
+    assert "--limit N for more" in out
+    code, out, _ = run_cli(capsys, "runs", "--all", "--url", str(path))
+    assert str(older.id) in out
+    assert "for more" not in out
+
+
+def test_runs_on_an_empty_store_says_there_are_none(
+    capsys: pytest.CaptureFixture[str], db_path: Path
+) -> None:
+    """An empty store lists no runs and says so; --json gives an empty list."""
+    assert run_cli(capsys, "runs", "--url", str(db_path))[:2] == (0, f"no runs in {db_path}\n")
+    assert run_cli(capsys, "runs", "--json", "--url", str(db_path))[1] == "[]\n"
+
+
+def test_url_comes_from_option_anywhere_then_environment_then_default(
+    capsys: pytest.CaptureFixture[str],
+    populated: tuple[Path, Run, Run],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """--url before or after the command, else $CONTROL_STORE_URL, else control.db here."""
+    path, older, _ = populated
+    for argv in (["--url", str(path), "runs", "--json"], ["runs", "--json", "--url", str(path)]):
+        assert str(older.id) in run_cli(capsys, *argv)[1]
+    monkeypatch.setenv(cli.URL_ENV, f"sqlite://{path}")  # sqlite:///abs/path
+    assert str(older.id) in run_cli(capsys, "runs")[1]
+    monkeypatch.delenv(cli.URL_ENV)
+    monkeypatch.chdir(path.parent)
+    assert path.name == "control.db"
+    assert str(older.id) in run_cli(capsys, "runs")[1]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert_one_line_error(run_cli(capsys, "runs"), "'control.db'", "control-store migrate")
+    assert list(elsewhere.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# show
+
+
+def test_show_counts_jobs_by_status_and_summarises_outcomes(
+    capsys: pytest.CaptureFixture[str], populated: tuple[Path, Run, Run]
+) -> None:
+    """show --json gives the run, jobs by status, mean score, errors and a per-model split."""
+    path, older, _ = populated
+    code, out, err = run_cli(capsys, "show", str(older.id), "--json", "--url", str(path))
+    assert (code, err) == (0, "")
+    shown = json.loads(out)
+    assert msgspec.convert(shown["run"], Run) == next(
+        r for r in _stored_runs(path) if r.id == older.id
+    )
+    assert shown["jobs"] == {"queued": 1, "running": 0, "done": 3}
+    assert shown["outcomes"] == {
+        "done": 3,
+        "scored": 2,
+        "errors": 1,
+        "mean_score": 0.5,
+        "min_score": 0.0,
+        "max_score": 1.0,
+    }
+    assert shown["models"]["model-a"]["scored"] == 1
+    assert shown["errors"] == [{"error": "boom\nat line 2", "count": 1}]
+
+
+def test_show_prints_the_run_for_a_person(
+    capsys: pytest.CaptureFixture[str], populated: tuple[Path, Run, Run]
+) -> None:
+    """show prints the run's fields, counts, the mean score and errors on one line each."""
+    path, older, _ = populated
+    code, out, _ = run_cli(capsys, "show", str(older.id), "--url", str(path))
+    assert code == 0
+    assert f"run       {older.id}" in out
+    assert "queued 1  running 0  done 3  (of 4)" in out
+    assert "3 recorded, 2 scored, mean score 0.500 (min 0.000, max 1.000), 1 errors" in out
+    assert "boom at line 2" in out  # a multi-line error stays on its line
+
+
+def test_show_an_unknown_run_fails_in_one_line(
+    capsys: pytest.CaptureFixture[str], db_path: Path
+) -> None:
+    """show of a run id the store lacks exits 1 naming the id and how to list runs."""
+    ghost = uuid.uuid4()
+    result = run_cli(capsys, "show", str(ghost), "--url", str(db_path))
+    assert_one_line_error(result, str(ghost), "control-store runs")
+
+
+# ---------------------------------------------------------------------------------------------
+# check
+
+
+def test_check_passes_a_sound_store(
+    capsys: pytest.CaptureFixture[str], populated: tuple[Path, Run, Run]
+) -> None:
+    """check exits 0 on a sound store, and --json says ok with no problems."""
+    path, _, _ = populated
+    code, out, _ = run_cli(capsys, "check", "--url", str(path))
+    assert code == 0
+    assert "no problems found" in out
+    code, out, _ = run_cli(capsys, "check", "--json", "--url", str(path))
+    assert (code, json.loads(out)) == (0, {"ok": True, "problems": []})
+
+
+def test_check_lists_problems_and_exits_1(
+    capsys: pytest.CaptureFixture[str], populated: tuple[Path, Run, Run]
+) -> None:
+    """check prints each inconsistency with its row and exits 1; --json lists them too."""
+    path, older, _ = populated
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute("UPDATE runs SET done_count = 1 WHERE id = ?", (str(older.id),))
+    code, out, _ = run_cli(capsys, "check", "--url", str(path))
+    assert code == 1
+    assert f"runs {older.id}: run {older.id} has done_count 1, 3 jobs done" in out
+    assert "1 problem found" in out
+    code, out, _ = run_cli(capsys, "check", "--json", "--url", str(path))
+    report = json.loads(out)
+    assert code == 1
+    assert report["ok"] is False
+    assert report["problems"][0]["row_id"] == str(older.id)
+
+
+# ---------------------------------------------------------------------------------------------
+# migrate
+
+
+def test_migrate_creates_applies_then_reports_up_to_date(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """migrate creates and migrates a new file; a second migrate applies nothing."""
+    url = f"sqlite://{tmp_path / 'new.db'}"  # sqlite:///abs/path
+    code, out, _ = run_cli(capsys, "migrate", "--url", url)
+    assert code == 0
+    assert "applied migration 1 (init)" in out
+    code, out, _ = run_cli(capsys, "migrate", "--url", url)
+    assert (code, out) == (0, "database is up to date (migration 1); nothing to apply\n")
+    code, out, _ = run_cli(capsys, "migrate", "--json", "--url", url)
+    assert (code, json.loads(out)) == (0, {"applied": [], "version": 1})
+
+
+def test_migrate_status_lists_pending_then_applied(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """migrate --status changes nothing: pending on an empty file, applied after migrate."""
+    path = tmp_path / "empty.db"
+    path.touch()
+    code, out, _ = run_cli(capsys, "migrate", "--status", "--json", "--url", str(path))
+    assert code == 0
+    assert json.loads(out) == [
+        {"version": 1, "description": "init", "installed_on": None, "applied": False}
+    ]
+    code, out, _ = run_cli(capsys, "migrate", "--status", "--url", str(path))
+    assert out.splitlines()[1].split() == ["1", "init", "pending"]
+    assert run_cli(capsys, "migrate", "--url", str(path))[0] == 0
+    code, out, _ = run_cli(capsys, "migrate", "--status", "--json", "--url", str(path))
+    (state,) = json.loads(out)
+    assert state["applied"] is True
+    assert datetime.fromisoformat(state["installed_on"]).tzinfo is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Expected failures: one line on stderr, exit 1, nothing created
+
+
+def _garbage(migrated: Path) -> str:
+    path = migrated.parent / "garbage.db"
+    path.write_bytes(b"this is not a database, " * 100)
+    return str(path)
+
+
+def _unmigrated(migrated: Path) -> str:
+    path = migrated.parent / "empty.db"
+    path.touch()
+    return str(path)
+
+
+def _corrupt_row(path: Path) -> str:
+    asyncio.run(_populate(path))
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute("UPDATE runs SET models = '{oops' WHERE rowid = 1")
+    return str(path)
+
+
+def _newer_schema(path: Path) -> str:
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute(
+            "INSERT INTO _control_store_migrations VALUES (999, 'future', '', 1, x'00', 0)"
+        )
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("argv", "make", "fragments"),
+    [
+        (["runs"], lambda p: str(p.parent / "missing.db"), ["no database at", "migrate"]),
+        (["runs"], lambda p: "mysql://host/db", ["unknown scheme 'mysql'", "sqlite://"]),
+        (["check"], lambda p: str(p.parent / "nodir" / "x.db"), ["does not exist"]),
+        (["runs"], _garbage, ["not a SQLite database"]),
+        (["check"], _garbage, ["not a SQLite database"]),
+        (["runs"], _unmigrated, ["pending migrations: 1 (init)", "control-store migrate"]),
+        (["runs"], _corrupt_row, ["runs.models", "{oops", "repair"]),
+        (["show", str(uuid.uuid4())], _newer_schema, ["migration 999", "upgrade"]),
+        (["migrate"], _newer_schema, ["migration 999", "upgrade"]),
+    ],
+    ids=[
+        "missing-file",
+        "bad-scheme",
+        "missing-directory",
+        "not-a-database",
+        "check-not-a-database",
+        "unmigrated",
+        "corrupt-row",
+        "newer-schema-show",
+        "newer-schema-migrate",
+    ],
+)
+def test_expected_failures_are_one_line_and_exit_1(
+    capsys: pytest.CaptureFixture[str],
+    db_path: Path,
+    argv: list[str],
+    make: Callable[[Path], str],
+    fragments: list[str],
+) -> None:
+    """A bad URL, a missing, foreign, unmigrated or corrupt database: one clear line, exit 1."""
+    url = make(db_path)
+    before = _databases(db_path.parent)
+    assert_one_line_error(run_cli(capsys, *argv, "--url", url), *fragments)
+    assert _databases(db_path.parent) == before  # no command created a database file
+
+
+def _databases(directory: Path) -> list[str]:
+    """The database files in ``directory`` (SQLite's -wal and -shm companions aside)."""
+    return sorted(p.name for p in directory.iterdir() if not p.name.endswith(("-wal", "-shm")))
+
+
+def test_a_locked_database_fails_in_one_line_naming_the_option(
+    capsys: pytest.CaptureFixture[str], db_path: Path
+) -> None:
+    """migrate on a database whose write lock another connection holds: one line, exit 1."""
+    holder = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        result = run_cli(capsys, "migrate", "--busy-timeout", "0.05", "--url", str(db_path))
+    finally:
+        holder.close()
+    assert_one_line_error(result, "is locked", "--busy-timeout SECONDS")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["frobnicate"],
+        ["runs", "--limit", "0"],
+        ["runs", "--status", "paused"],
+        ["show"],
+        ["show", "not-a-uuid"],
+        ["demo", "--death-rate", "1.5"],
+        ["demo", "--runs", "many"],
+        ["check", "--busy-timeout", "-1"],
+    ],
+    ids=lambda argv: " ".join(argv) or "no-command",
+)
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    """A malformed command line prints usage and the reason, and exits 2."""
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert out == ""
+    assert err.startswith("usage: control-store")
+    assert "error:" in err
+    assert "Traceback" not in err
+
+
+def test_help_exits_0_and_names_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """--help lists the commands and exits 0."""
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == 0
+    for command in ("migrate", "runs", "show", "check", "demo"):
+        assert command in out
+
+
+# ---------------------------------------------------------------------------------------------
+# Output details
+
+
+def test_bar_falls_back_to_ascii_off_unicode_streams() -> None:
+    """The progress bar uses block characters on UTF-8 streams and # and - elsewhere."""
+    ascii_stream = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    utf8_stream = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    assert cli.Terminal.of(ascii_stream).bar(1, 2, 4) == "##--"
+    assert cli.Terminal.of(utf8_stream).bar(3, 4, 4) == "███░"
+    assert cli.Terminal.of(utf8_stream).bar(0, 0, 2) == "██"  # a run with no jobs is complete
+
+
+def _snapshot(recorded: int, elapsed: float) -> demo.Snapshot:
+    return demo.Snapshot(recorded + 1, recorded, 1, 0, 0, elapsed)
+
+
+def test_progress_rewrites_one_line_on_a_terminal() -> None:
+    """On a terminal each update rewrites the line in place; finish ends it."""
+    stream = io.StringIO()
+    term = cli.Terminal(stream, tty=True, unicode=True, color=False, width=200)
+    progress = cli._Progress(term, jobs=10, runs=2, enabled=True)
+    progress.update(_snapshot(3, 0.1))
+    progress.update(_snapshot(7, 0.2))
+    progress.finish()
+    text = stream.getvalue()
+    assert text.count("\r\x1b[K") == 2
+    assert text.endswith(" 7/10 jobs recorded  runs done 0/2  duplicates absorbed 1  35 jobs/s\n")
+
+
+def test_progress_prints_plain_lines_at_most_each_second_off_a_terminal() -> None:
+    """Off a terminal progress is plain lines, no carriage returns, about one per second."""
+    stream = io.StringIO()
+    term = cli.Terminal(stream, tty=False, unicode=False, color=False, width=200)
+    progress = cli._Progress(term, jobs=10, runs=2, enabled=True)
+    for recorded, elapsed in [(1, 0.5), (2, 1.0), (3, 1.5), (4, 2.1)]:
+        progress.update(_snapshot(recorded, elapsed))
+    progress.finish()
+    lines = stream.getvalue().splitlines()
+    assert "\r" not in stream.getvalue()
+    assert [line.split()[1] for line in lines] == ["2/10", "4/10"]
+
+
+def test_broken_pipe_exits_quietly(populated: tuple[Path, Run, Run]) -> None:
+    """A reader that went away (runs | head) stops the command without a traceback."""
+    path, _, _ = populated
+    read, write = os.pipe()
+    os.close(read)  # every write to the pipe now fails with EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "control_store", "runs", "--url", str(path)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_clean_env(),
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 1
+    assert done.stderr == ""
+
+
+# ---------------------------------------------------------------------------------------------
+# As shipped: a real process, the console script, and the library's import path
+
+
+def test_python_dash_m_runs_the_command(populated: tuple[Path, Run, Run]) -> None:
+    """python -m control_store is the CLI: JSON on stdout, exit 0; errors one line, exit 1."""
+    path, older, _ = populated
+    code, out, err = run_subprocess("show", str(older.id), "--json", "--url", str(path))
+    assert (code, err) == (0, "")
+    assert json.loads(out)["jobs"]["done"] == 3
+    assert_one_line_error(run_subprocess("runs", "--url", str(path.parent / "missing.db")))
+
+
+def test_console_script_is_installed(populated: tuple[Path, Run, Run]) -> None:
+    """The control-store script next to this interpreter runs the CLI."""
+    path, _, _ = populated
+    script = Path(sys.executable).parent / "control-store"
+    done = subprocess.run(
+        [str(script), "check", "--url", str(path)],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert "no problems found" in done.stdout
+
+
+def test_importing_the_library_does_not_import_the_cli() -> None:
+    """import control_store loads neither the CLI nor the demo (nor argparse for them)."""
+    code = (
+        "import sys, control_store; "
+        "loaded = sorted(m for m in ('control_store.cli', 'control_store._demo') "
+        "if m in sys.modules); print(loaded)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------------------------------------
+# The demo
+
+SMALL_DEMO = [
+    "--runs",
+    "3",
+    "--models",
+    "2",
+    "--samples",
+    "10",
+    "--epochs",
+    "1",
+    "--schedulers",
+    "3",
+    "--processes",
+    "2",
+    "--workers",
+    "3",
+    "--duplicate-rate",
+    "0.3",
+    "--death-rate",
+    "0.3",
+    "--latency-ms",
+    "0.5",
+    "--seed",
+    "7",
+]
+
+
+@pytest.mark.slow
+def test_small_demo_verifies_every_invariant(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A small demo in two OS processes passes every check, and the database agrees."""
+    path = tmp_path / "demo.db"
+    code, out, err = run_cli(capsys, "demo", *SMALL_DEMO, "--json", "--url", str(path))
+    assert (code, err) == (0, "")
+    report = json.loads(out)
+    assert report["ok"] is True
+    assert all(check["ok"] for check in report["checks"])
+    assert len(report["checks"]) == 7
+    assert report["recorded"] == 60
+    assert report["duplicates_absorbed"] == report["deliveries"] - 60
+    assert report["duplicates_absorbed"] > 0
+    assert report["redispatched"] > 0
+
+    async def inspect() -> None:
+        async with Store.connect(path) as store:
+            runs = await store.list_runs()
+            assert {str(r.id) for r in runs} == set(report["runs"])
+            assert all(r.status is RunStatus.DONE and r.done_count == 20 for r in runs)
+            assert await store.check() == []
+
+    asyncio.run(inspect())
+
+
+@pytest.mark.slow
+def test_demo_as_a_process_shows_progress_and_summary(tmp_path: Path) -> None:
+    """python -m control_store demo, off a terminal: plain lines, a summary, every check passed."""
+    code, out, err = run_subprocess("demo", *SMALL_DEMO, cwd=tmp_path)
+    assert (code, err) == (0, "")
+    assert "\r" not in out
+    assert "verified against the database:" in out
+    assert out.count("✓") == 7
+    assert "✗" not in out
+    assert (tmp_path / "control.db").exists()  # the default URL: a file in the current dir
+
+
+def test_demo_refuses_a_database_with_queued_runs(
+    capsys: pytest.CaptureFixture[str], populated: tuple[Path, Run, Run]
+) -> None:
+    """The demo's schedulers would claim someone's queued run: it refuses, in one line."""
+    path, _, newer = populated
+    result = run_cli(capsys, "demo", "--url", str(path))
+    assert_one_line_error(result, "queued runs", str(newer.id), "--url")
+    assert len(_stored_runs(path)) == 2
+
+
+def test_demo_exits_1_when_the_fleet_did_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet that recorded nothing fails the verification: exit 1, the failed checks named."""
+
+    async def idle_fleet(config: demo.DemoConfig, on_progress: object) -> demo.FleetResult:
+        reports = [demo.ProcessReport() for _ in range(config.processes)]
+        return demo.FleetResult(_snapshot(0, 0.1), reports, [0] * config.processes)
+
+    monkeypatch.setattr(demo, "run_fleet", idle_fleet)
+    path = tmp_path / "idle.db"
+    code, out, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
+    assert code == 1
+    assert (
+        "✗ every run claimed by exactly one scheduler: 3 claimed by no scheduler that reported"
+        in out
+    )
+    assert err.splitlines() == [
+        "control-store: error: demo invariant failed: every run claimed by exactly one "
+        "scheduler; every run done with done_count == job count; every job recorded exactly once"
+    ]
+
+
+# The verifier itself must be able to fail: a fleet's report is built by hand here, over a
+# database written directly, then one fact at a time is made false.
+
+VERIFY_CONFIG = demo.DemoConfig(
+    url="unused", runs=1, models=1, samples=3, epochs=1, processes=1, schedulers=1
+)
+
+
+async def _recorded_fleet(store: Store) -> tuple[list[Run], demo.FleetResult]:
+    """One run of three jobs recorded through the store, one of them delivered twice."""
+    runs = await demo.submit(store, VERIFY_CONFIG)
+    (run,) = runs
+    assert await store.claim_next_run() == run.__replace__(status=RunStatus.RUNNING)
+    jobs = await store.list_jobs(run.id)
+    for job in jobs:
+        assert await store.record_job_outcome(run.id, demo.pseudo_outcome(job, 1, 0.02))
+    assert not await store.record_job_outcome(run.id, demo.pseudo_outcome(jobs[0], 2, 0.02))
+    report = demo.ProcessReport([str(run.id)], [str(job.id) for job in jobs])
+    return runs, demo.FleetResult(demo.Snapshot(4, 3, 1, 1, 1, 0.1), [report], [0])
+
+
+async def test_verify_passes_a_faithful_fleet(store: Store) -> None:
+    """Every check passes when the reports and the database agree."""
+    runs, result = await _recorded_fleet(store)
+    checks = await demo.verify(store, VERIFY_CONFIG, runs, result)
+    assert [c.name for c in checks if not c.ok] == []
+
+
+@pytest.mark.parametrize(
+    ("tamper", "failed"),
+    [
+        ("process-failed", "every scheduler process finished cleanly"),
+        ("claimed-twice", "every run claimed by exactly one scheduler"),
+        ("recorded-twice", "every job recorded exactly once"),
+        ("miscounted-duplicates", "every duplicate absorbed"),
+        ("second-delivery-stored", "first delivery kept for every job"),
+        ("job-undone", "store.check() finds no problems"),
+    ],
+)
+async def test_verify_catches_each_broken_invariant(
+    db_path: Path, tamper: str, failed: str
+) -> None:
+    """Each invariant, made false in the reports or the database, is reported as failed."""
+    async with Store.connect(db_path) as store:
+        runs, result = await _recorded_fleet(store)
+        report = result.reports[0]
+        (job, *_) = await store.list_jobs(runs[0].id)
+        if tamper == "process-failed":
+            result.exit_codes[0] = 1
+        elif tamper == "claimed-twice":
+            result.reports.append(demo.ProcessReport(claimed=report.claimed))
+            result.exit_codes.append(0)
+        elif tamper == "recorded-twice":
+            twice = [*report.first_deliveries, report.first_deliveries[0]]
+            result.reports[0] = demo.ProcessReport(report.claimed, twice)
+        elif tamper == "miscounted-duplicates":
+            result.snapshot = demo.Snapshot(4, 3, 0, 1, 1, 0.1)
+        elif tamper == "second-delivery-stored":
+            later = msgspec.json.encode(demo.pseudo_outcome(job, 2, 0.02)).decode()
+            with (
+                contextlib.closing(sqlite3.connect(db_path)) as conn,
+                conn,
+            ):  # behind the store's back
+                conn.execute("UPDATE jobs SET outcome = ? WHERE id = ?", (later, str(job.id)))
+        else:
+            with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
+                conn.execute("UPDATE jobs SET status = 'queued' WHERE id = ?", (str(job.id),))
+        checks = await demo.verify(store, VERIFY_CONFIG, runs, result)
+    assert failed in [c.name for c in checks if not c.ok]
+
+
+def test_interrupted_demo_exits_130_with_what_to_do(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C during the demo: exit 130, one line saying where its unfinished runs stay."""
+
+    async def interrupted(config: demo.DemoConfig, on_progress: object) -> demo.FleetResult:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "run_fleet", interrupted)
+    path = tmp_path / "demo.db"
+    code, _, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
+    assert code == 130
+    (line,) = err.splitlines()
+    assert line.startswith("control-store: interrupted after ")
+    assert f"unfinished runs stay in {path}" in line
+    assert "another --url" in line
+
+
+def test_messages_never_show_a_password(capsys: pytest.CaptureFixture[str]) -> None:
+    """A URL with credentials is shown with its password replaced."""
+    result = run_cli(capsys, "runs", "--url", "postgres://ops:hunter2@db/control")
+    assert_one_line_error(result, "ops:***@db")
+    assert "hunter2" not in result[2]
