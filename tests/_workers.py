@@ -26,7 +26,7 @@ from control_store import ControlError, EvalJob, Job, JobOutcome, Run, Store, _m
 
 HEAVY_MIGRATION: Final = 2
 HEAVY_ROWS: Final = 200_000
-PROGRESS_EVERY: Final = 10_000
+PROGRESS_EVERY: Final = 1_000
 
 # A second migration that takes long enough to be killed in the middle: it fills a table row
 # by row, calling progress() (a function the opener registers) so the worker can announce how
