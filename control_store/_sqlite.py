@@ -588,37 +588,57 @@ def op_check(conn: sqlite3.Connection) -> list[Problem]:
     # sqlite3 failing the whole check.
     conn.text_factory = _codec.lenient_text
     try:
-        for (result,) in conn.execute("PRAGMA integrity_check"):
-            if result != "ok":
-                found("database", "", f"SQLite integrity check: {result}")
-        for table, rowid, parent, _ in conn.execute("PRAGMA foreign_key_check"):
-            found(table, rowid, f"{table} row {rowid} refers to a missing {parent} row")
-        decoders = ((SELECT_ALL_RUNS, _codec.decode_run), (SELECT_ALL_JOBS, _codec.decode_job))
-        for select, decode in decoders:
-            for row in conn.execute(select):
-                try:
-                    decode(row)
-                except CorruptRowError as exc:
-                    found(exc.table, exc.row_id, str(exc))
-        for run_id, status, job_count, done_count, done, total in conn.execute(CHECK_RUN_COUNTERS):
-            run = f"run {run_id}"
-            if done_count != done:
-                found("runs", run_id, f"{run} has done_count {done_count!r}, {done} jobs done")
-            counted = isinstance(job_count, int) and isinstance(done_count, int)
-            if counted and total > job_count:
-                found("runs", run_id, f"{run} has job_count {job_count} but {total} jobs")
-            finished = counted and 0 < job_count <= done_count
-            if finished and status != "done":
-                found("runs", run_id, f"{run} has all {job_count} jobs done but is {status!r}")
-            if status == "done" and not finished:
-                found("runs", run_id, f"{run} is done with {done_count!r} of {job_count!r} jobs")
-        for job_id, status, has_outcome in conn.execute(CHECK_JOB_OUTCOMES):
-            what = "has an outcome" if has_outcome else "has no outcome"
-            found("jobs", job_id, f"job {job_id} is {status!r} but {what}")
+        try:
+            for (result,) in conn.execute("PRAGMA integrity_check"):
+                if result != "ok":
+                    found("database", "", f"SQLite integrity check: {result}")
+        except sqlite3.DatabaseError as exc:  # damage so deep the check itself cannot run
+            found("database", "", f"SQLite integrity check failed: {exc}; restore from a backup")
+        damaged = bool(problems)
+        try:
+            _check_rows(conn, found)
+        except sqlite3.DatabaseError as exc:
+            # A damaged b-tree can fail the queries below (SQLITE_CORRUPT); the integrity
+            # check has already said why, so report rather than raise.
+            if not damaged:
+                raise
+            found("database", "", f"rows could not all be read ({exc}); restore from a backup")
     finally:
         conn.text_factory = str
-        conn.execute("COMMIT")
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error:  # a read transaction: rolling back loses nothing
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
     return problems
+
+
+def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], None]) -> None:
+    """The row-level half of op_check: foreign keys, readable rows, counters, outcomes."""
+    for table, rowid, parent, _ in conn.execute("PRAGMA foreign_key_check"):
+        found(table, rowid, f"{table} row {rowid} refers to a missing {parent} row")
+    decoders = ((SELECT_ALL_RUNS, _codec.decode_run), (SELECT_ALL_JOBS, _codec.decode_job))
+    for select, decode in decoders:
+        for row in conn.execute(select):
+            try:
+                decode(row)
+            except CorruptRowError as exc:
+                found(exc.table, exc.row_id, str(exc))
+    for run_id, status, job_count, done_count, done, total in conn.execute(CHECK_RUN_COUNTERS):
+        run = f"run {run_id}"
+        if done_count != done:
+            found("runs", run_id, f"{run} has done_count {done_count!r}, {done} jobs done")
+        counted = isinstance(job_count, int) and isinstance(done_count, int)
+        if counted and total > job_count:
+            found("runs", run_id, f"{run} has job_count {job_count} but {total} jobs")
+        finished = counted and 0 < job_count <= done_count
+        if finished and status != "done":
+            found("runs", run_id, f"{run} has all {job_count} jobs done but is {status!r}")
+        if status == "done" and not finished:
+            found("runs", run_id, f"{run} is done with {done_count!r} of {job_count!r} jobs")
+    for job_id, status, has_outcome in conn.execute(CHECK_JOB_OUTCOMES):
+        what = "has an outcome" if has_outcome else "has no outcome"
+        found("jobs", job_id, f"job {job_id} is {status!r} but {what}")
 
 
 def op_claim_next_run(conn: sqlite3.Connection) -> Run | None:
