@@ -104,13 +104,13 @@ async def test_acknowledged_claims_survive_kill(
     await assert_sound(db)
 
 
-@pytest.mark.parametrize("round_", range(ROUNDS))
+@pytest.mark.parametrize("round_", range(sized(1, 2)))
 async def test_kill_during_a_large_insert_jobs_leaves_no_partial_batch(
     template_db: Path, tmp_path: Path, spawn: Callable[..., Worker], round_: int
 ) -> None:
     """A process killed in the middle of one big insert_jobs leaves none of it, or all of it."""
     db = fresh(template_db, tmp_path, f"jobs{round_}")
-    count = sized(20_000, 150_000)
+    count = sized(20_000, 100_000)
     run = make_run(job_count=count)
     async with Store.connect(db) as store:
         await store.insert_run(run)
@@ -123,14 +123,15 @@ async def test_kill_during_a_large_insert_jobs_leaves_no_partial_batch(
     finished = any(words[0] == "inserted" for words in lines)
     assert integrity(db) == "ok"
     async with Store.connect(db) as store:
-        stored = await store.list_jobs(run.id)
-        assert len(stored) in (0, count)
+        stored = len(await store.list_jobs(run.id))
+        assert stored in (0, count)
         if finished:
-            assert len(stored) == count
+            assert stored == count
         if not stored:  # the call can simply be made again
             await store.insert_jobs(make_jobs(run))
-            assert len(await store.list_jobs(run.id)) == count
     await assert_sound(db)
+    async with Store.connect(db) as store:
+        assert len(await store.list_jobs(run.id)) == count
 
 
 @pytest.mark.parametrize("round_", range(ROUNDS))

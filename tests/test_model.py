@@ -205,7 +205,7 @@ class StoreModel(RuleBasedStateMachine):
 
 
 StoreModel.TestCase.settings = settings(
-    max_examples=sized(35, 500), stateful_step_count=sized(25, 60), deadline=None
+    max_examples=sized(35, 100), stateful_step_count=sized(25, 50), deadline=None
 )
 
 
