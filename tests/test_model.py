@@ -205,7 +205,10 @@ class StoreModel(RuleBasedStateMachine):
 
 
 StoreModel.TestCase.settings = settings(
-    max_examples=sized(35, 100), stateful_step_count=sized(25, 50), deadline=None
+    max_examples=sized(35, 100),
+    stateful_step_count=sized(25, 50),
+    deadline=None,
+    derandomize=True,  # the same sequences on every run: CI cannot flake on a new one
 )
 
 
