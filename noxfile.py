@@ -1,4 +1,4 @@
-"""Development sessions: `nox` runs lint, typecheck and tests; packaging and bench by name."""
+"""Development sessions: `nox` runs lint, typecheck and tests; stress, packaging, bench by name."""
 
 from __future__ import annotations
 
@@ -41,6 +41,23 @@ def tests(session: nox.Session) -> None:
     """The test suite against the source tree (editable install), on every supported Python."""
     session.install("-e", ".", *TEST_DEPS)
     session.run("pytest", *session.posargs)
+
+
+@nox.session
+def stress(session: nox.Session) -> None:
+    """The multi-process, crash, cancellation and property tests at larger sizes."""
+    session.install("-e", ".", *TEST_DEPS)
+    session.run(
+        "pytest",
+        "tests/test_processes.py",
+        "tests/test_crash.py",
+        "tests/test_cancellation.py",
+        "tests/test_faults.py",
+        "tests/test_hostile_rows.py",
+        "tests/test_model.py",
+        *session.posargs,
+        env={"CONTROL_STORE_STRESS": "1"},
+    )
 
 
 @nox.session

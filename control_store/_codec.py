@@ -164,25 +164,44 @@ def job_params(job: Job) -> tuple[str, str, str, str, int, str | None]:
     return (job_id, run_id, _json(spec, what=f"{where}: spec"), status.value, job.attempt, outcome)
 
 
+def lenient_text(data: bytes) -> str | bytes:
+    """A TEXT value as str, or as its raw bytes when it is not UTF-8 (a hand-edited row).
+
+    Used as the connection's ``text_factory`` when a strict read failed: the reader then sees
+    bytes where it expects text and reports the row, instead of sqlite3 failing the whole query.
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
+
+
+def corrupt_row(
+    table: str, column: str, row_id: object, value: object, why: str
+) -> CorruptRowError:
+    """The error for a stored value this version cannot read."""
+    shown = row_id if isinstance(row_id, str) else repr(row_id)
+    return CorruptRowError(
+        f"{table}.{column} of row {shown} holds {value!r}, which this version "
+        f"cannot read ({why}); repair the row by hand or restore it from a backup",
+        table=table,
+        column=column,
+        row_id=shown,
+        value=value,
+    )
+
+
 class _Reader:
     """Reads one row's columns, turning any failure into a CorruptRowError."""
 
-    __slots__ = ("row", "row_id", "table")
+    __slots__ = ("row", "table")
 
     def __init__(self, table: str, row: Sequence[Any]) -> None:
         self.table = table
         self.row = row
-        self.row_id = row[0] if isinstance(row[0], str) else repr(row[0])
 
     def corrupt(self, column: str, value: object, why: str) -> CorruptRowError:
-        return CorruptRowError(
-            f"{self.table}.{column} of row {self.row_id} holds {value!r}, which this version "
-            f"cannot read ({why}); repair the row by hand or restore it from a backup",
-            table=self.table,
-            column=column,
-            row_id=self.row_id,
-            value=value,
-        )
+        return corrupt_row(self.table, column, self.row[0], value, why)
 
     def uuid(self, index: int, column: str) -> uuid.UUID:
         value = self.row[index]

@@ -82,13 +82,16 @@ MARK_JOB_DONE: Final = """
 UPDATE jobs SET status = 'done', outcome = ?
 WHERE id = ? AND run_id = ? AND status != 'done'
 """
-# Run only when MARK_JOB_DONE changed exactly one row: progress advances once per job.
+# Run only when MARK_JOB_DONE changed exactly one row: progress advances once per job. The
+# typeof() guards refuse to build on a counter someone overwrote by hand (SQLite would happily
+# compute 'abc' + 1 = 1): the caller then reports the row and the whole record rolls back.
 ADVANCE_RUN: Final = """
 UPDATE runs
 SET done_count = done_count + 1,
     status = CASE WHEN done_count + 1 >= job_count THEN 'done' ELSE status END
-WHERE id = ?
+WHERE id = ? AND typeof(done_count) = 'integer' AND typeof(job_count) = 'integer'
 """
+SELECT_RUN_COUNTERS: Final = "SELECT id, job_count, done_count FROM runs WHERE id = ?"
 SELECT_RUNS: Final = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY created_at DESC, rowid DESC LIMIT ?"
 SELECT_RUNS_BY_STATUS: Final = (
     f"SELECT {_RUN_COLUMNS} FROM runs WHERE status = ? ORDER BY created_at DESC, rowid DESC LIMIT ?"
@@ -279,8 +282,8 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
             error.retryable = True
         elif name.startswith("SQLITE_READONLY"):
             error = StorageError(
-                f"{database} is read-only [{detail}]; make the file, its -wal and -shm files "
-                "and its directory writable by this process, then retry"
+                f"{database} is read-only [{detail}]; nothing was written: make the file, its "
+                "-wal and -shm files and its directory writable by this process, then retry"
             )
             error.retryable = True
         elif name == "SQLITE_NOTADB":
@@ -294,9 +297,12 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
                 "'PRAGMA integrity_check' and restore it from a backup"
             )
         elif name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN")):
+            # A disk that fills up mid-write, or a file size limit (RLIMIT_FSIZE, quota), shows
+            # as SQLITE_IOERR_WRITE rather than SQLITE_FULL when the write fails outright.
             error = StorageError(
-                f"{database} cannot be read or written [{detail}]; check that the file and its "
-                "directory exist, are writable and that the disk is healthy, then retry"
+                f"{database} cannot be read or written [{detail}]; check that the disk has free "
+                "space (and that no file size limit or quota is reached), that the file and "
+                "its directory exist and are writable, and that the disk is healthy, then retry"
             )
             error.retryable = True
         elif isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc):
@@ -364,6 +370,30 @@ def configure(conn: sqlite3.Connection, *, file: bool, options: Options) -> None
             time.sleep(0.01)
     # Per connection; FULL syncs the WAL at every commit, NORMAL only at checkpoints.
     conn.execute(f"PRAGMA synchronous = {options.synchronous}")
+    if file:
+        _refuse_read_only(conn)
+
+
+def _refuse_read_only(conn: sqlite3.Connection) -> None:
+    """Fail now if SQLite could open the file only for reading.
+
+    SQLite silently falls back to a read-only connection when the file is write-protected, and
+    a read-only connection stays read-only after the permissions are fixed: every later write
+    would fail until the store is reconnected. Trying a write that is rolled back (no commit,
+    no fsync) turns that into SQLITE_READONLY at connect, where retrying the call is the cure.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        conn.execute(f"PRAGMA user_version = {int(version)}")  # PRAGMA takes no parameters
+    finally:
+        conn.execute("ROLLBACK")
+
+
+def _file_identity(path: str) -> tuple[int, int]:
+    """The (device, inode) of the file at ``path``: which file it is, whatever its name."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino)
 
 
 def _statements(sql: str) -> Iterator[str]:
@@ -468,6 +498,30 @@ def migration_status(conn: sqlite3.Connection, *, database: str) -> list[Migrati
 # Write operations run inside the transaction (and savepoint) the group commit opened.
 
 
+_NOT_UTF8: Final = "Could not decode to UTF-8"
+
+
+def _leniently(conn: sqlite3.Connection, query: Callable[[], T]) -> T:
+    """Run a read; if a TEXT value in it is not UTF-8, run it again and let the codec say which.
+
+    sqlite3 fails the whole fetch with an OperationalError that names neither the table nor the
+    row when stored text is not UTF-8 (a hand edit, a foreign writer). Reads have no side
+    effect, so the query runs again with a text factory that hands such values over as bytes,
+    and decoding the row raises the CorruptRowError that names table, column, id and value.
+    The strict factory stays the default: it is sqlite3's C fast path.
+    """
+    try:
+        return query()
+    except sqlite3.OperationalError as exc:
+        if _NOT_UTF8 not in str(exc):
+            raise
+    conn.text_factory = _codec.lenient_text
+    try:
+        return query()
+    finally:
+        conn.text_factory = str
+
+
 def op_insert_run(params: tuple[Any, ...], conn: sqlite3.Connection) -> None:
     try:
         conn.execute(INSERT_RUN, params)
@@ -481,17 +535,18 @@ def op_insert_run(params: tuple[Any, ...], conn: sqlite3.Connection) -> None:
 
 
 def op_get_run(run_id: str, conn: sqlite3.Connection) -> Run | None:
-    row = conn.execute(SELECT_RUN, (run_id,)).fetchone()
+    row = _leniently(conn, lambda: conn.execute(SELECT_RUN, (run_id,)).fetchone())
     return None if row is None else _codec.decode_run(row)
 
 
 def op_get_job(job_id: str, conn: sqlite3.Connection) -> Job | None:
-    row = conn.execute(SELECT_JOB, (job_id,)).fetchone()
+    row = _leniently(conn, lambda: conn.execute(SELECT_JOB, (job_id,)).fetchone())
     return None if row is None else _codec.decode_job(row)
 
 
 def op_list_jobs(run_id: str, conn: sqlite3.Connection) -> list[Job]:
-    return [_codec.decode_job(row) for row in conn.execute(SELECT_JOBS_OF_RUN, (run_id,))]
+    rows = _leniently(conn, lambda: conn.execute(SELECT_JOBS_OF_RUN, (run_id,)).fetchall())
+    return [_codec.decode_job(row) for row in rows]
 
 
 def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
@@ -524,11 +579,12 @@ def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
 
 
 def op_list_runs(status: str | None, limit: int, conn: sqlite3.Connection) -> list[Run]:
-    if status is None:
-        rows = conn.execute(SELECT_RUNS, (limit,))
-    else:
-        rows = conn.execute(SELECT_RUNS_BY_STATUS, (status, limit))
-    return [_codec.decode_run(row) for row in rows]
+    def query() -> list[Any]:
+        if status is None:
+            return conn.execute(SELECT_RUNS, (limit,)).fetchall()
+        return conn.execute(SELECT_RUNS_BY_STATUS, (status, limit)).fetchall()
+
+    return [_codec.decode_run(row) for row in _leniently(conn, query)]
 
 
 def op_check(conn: sqlite3.Connection) -> list[Problem]:
@@ -539,41 +595,72 @@ def op_check(conn: sqlite3.Connection) -> list[Problem]:
         problems.append(Problem(table, str(row_id), message))
 
     conn.execute("BEGIN")  # deferred: one read snapshot for every query, no write lock
+    # Text that is not UTF-8 arrives as bytes, so the decoders below report the row instead of
+    # sqlite3 failing the whole check.
+    conn.text_factory = _codec.lenient_text
     try:
-        for (result,) in conn.execute("PRAGMA integrity_check"):
-            if result != "ok":
-                found("database", "", f"SQLite integrity check: {result}")
-        for table, rowid, parent, _ in conn.execute("PRAGMA foreign_key_check"):
-            found(table, rowid, f"{table} row {rowid} refers to a missing {parent} row")
-        decoders = ((SELECT_ALL_RUNS, _codec.decode_run), (SELECT_ALL_JOBS, _codec.decode_job))
-        for select, decode in decoders:
-            for row in conn.execute(select):
-                try:
-                    decode(row)
-                except CorruptRowError as exc:
-                    found(exc.table, exc.row_id, str(exc))
-        for run_id, status, job_count, done_count, done, total in conn.execute(CHECK_RUN_COUNTERS):
-            run = f"run {run_id}"
-            if done_count != done:
-                found("runs", run_id, f"{run} has done_count {done_count!r}, {done} jobs done")
-            counted = isinstance(job_count, int) and isinstance(done_count, int)
-            if counted and total > job_count:
-                found("runs", run_id, f"{run} has job_count {job_count} but {total} jobs")
-            finished = counted and 0 < job_count <= done_count
-            if finished and status != "done":
-                found("runs", run_id, f"{run} has all {job_count} jobs done but is {status!r}")
-            if status == "done" and not finished:
-                found("runs", run_id, f"{run} is done with {done_count!r} of {job_count!r} jobs")
-        for job_id, status, has_outcome in conn.execute(CHECK_JOB_OUTCOMES):
-            what = "has an outcome" if has_outcome else "has no outcome"
-            found("jobs", job_id, f"job {job_id} is {status!r} but {what}")
+        try:
+            for (result,) in conn.execute("PRAGMA integrity_check"):
+                if result != "ok":
+                    found("database", "", f"SQLite integrity check: {result}")
+        except sqlite3.DatabaseError as exc:  # damage so deep the check itself cannot run
+            found("database", "", f"SQLite integrity check failed: {exc}; restore from a backup")
+        damaged = bool(problems)
+        try:
+            _check_rows(conn, found)
+        except sqlite3.DatabaseError as exc:
+            # A damaged b-tree can fail the queries below (SQLITE_CORRUPT); the integrity
+            # check has already said why, so report rather than raise.
+            if not damaged:
+                raise
+            found("database", "", f"rows could not all be read ({exc}); restore from a backup")
     finally:
-        conn.execute("COMMIT")
+        conn.text_factory = str
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error:  # a read transaction: rolling back loses nothing
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
     return problems
 
 
+def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], None]) -> None:
+    """The row-level half of op_check: foreign keys, readable rows, counters, outcomes."""
+    for table, rowid, parent, _ in conn.execute("PRAGMA foreign_key_check"):
+        found(table, rowid, f"{table} row {rowid} refers to a missing {parent} row")
+    decoders = ((SELECT_ALL_RUNS, _codec.decode_run), (SELECT_ALL_JOBS, _codec.decode_job))
+    for select, decode in decoders:
+        for row in conn.execute(select):
+            try:
+                decode(row)
+            except CorruptRowError as exc:
+                found(exc.table, exc.row_id, str(exc))
+    for run_id, status, job_count, done_count, done, total in conn.execute(CHECK_RUN_COUNTERS):
+        run = f"run {run_id}"
+        if done_count != done:
+            found("runs", run_id, f"{run} has done_count {done_count!r}, {done} jobs done")
+        counted = isinstance(job_count, int) and isinstance(done_count, int)
+        if counted and total > job_count:
+            found("runs", run_id, f"{run} has job_count {job_count} but {total} jobs")
+        finished = counted and 0 < job_count <= done_count
+        if finished and status != "done":
+            found("runs", run_id, f"{run} has all {job_count} jobs done but is {status!r}")
+        if status == "done" and not finished:
+            found("runs", run_id, f"{run} is done with {done_count!r} of {job_count!r} jobs")
+    for job_id, status, has_outcome in conn.execute(CHECK_JOB_OUTCOMES):
+        what = "has an outcome" if has_outcome else "has no outcome"
+        found("jobs", job_id, f"job {job_id} is {status!r} but {what}")
+
+
 def op_claim_next_run(conn: sqlite3.Connection) -> Run | None:
-    rows = conn.execute(CLAIM_NEXT_RUN).fetchall()
+    # The claim cannot be read twice like the other reads (the first attempt already moved the
+    # run), so its one row is always read with the lenient factory: a non-UTF-8 value becomes a
+    # CorruptRowError naming the row, and the claim rolls back with the transaction.
+    conn.text_factory = _codec.lenient_text
+    try:
+        rows = conn.execute(CLAIM_NEXT_RUN).fetchall()
+    finally:
+        conn.text_factory = str
     return _codec.decode_run(rows[0]) if rows else None
 
 
@@ -581,20 +668,34 @@ def op_record_outcome(
     run_id: str, job_id: str, outcome_json: str, conn: sqlite3.Connection
 ) -> bool:
     if conn.execute(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount == 1:
-        conn.execute(ADVANCE_RUN, (run_id,))
+        if conn.execute(ADVANCE_RUN, (run_id,)).rowcount != 1:
+            _refuse_corrupt_counters(run_id, conn)
         return True
-    row = conn.execute(SELECT_JOB_RUN, (job_id,)).fetchone()
+    row = _leniently(conn, lambda: conn.execute(SELECT_JOB_RUN, (job_id,)).fetchone())
     if row is None:
         raise NotFoundError(
             f"job {job_id} does not exist (outcome reported for run {run_id}); nothing was "
             "recorded: check the job id the worker reported"
         )
+    if not isinstance(row[0], str):
+        raise _codec.corrupt_row("jobs", "run_id", job_id, row[0], "expected UUID text")
     if row[0] != run_id:
         raise WrongRunError(
             f"job {job_id} belongs to run {row[0]}, not to run {run_id}; nothing was "
             "recorded: report the outcome with the job's own run id"
         )
     return False  # a redelivery: the first outcome stands
+
+
+def _refuse_corrupt_counters(run_id: str, conn: sqlite3.Connection) -> None:
+    """Raise the CorruptRowError for the run whose counters ADVANCE_RUN refused to touch."""
+    row = _leniently(conn, lambda: conn.execute(SELECT_RUN_COUNTERS, (run_id,)).fetchone())
+    if row is None:  # only if foreign keys were off when the job was written
+        raise _codec.corrupt_row("jobs", "run_id", run_id, run_id, "its run does not exist")
+    for index, column in ((1, "job_count"), (2, "done_count")):
+        if not isinstance(row[index], int):
+            raise _codec.corrupt_row("runs", column, run_id, row[index], "expected an integer")
+    raise ControlError(f"run {run_id} could not be advanced; run store.check() to find out why")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -607,6 +708,9 @@ class SqliteBackend:
     def __init__(self, conn: aiosqlite.Connection, *, database: str, options: Options) -> None:
         self._conn = conn
         self._database = database
+        # The file's identity at open: see _refuse_replaced_file.
+        self._path: str | None = None
+        self._identity: tuple[int, int] | None = None
         self._busy_timeout = options.busy_timeout
         self._pending: list[tuple[Op[Any], asyncio.Future[Any]]] = []
         self._writing = False
@@ -625,6 +729,9 @@ class SqliteBackend:
         backend = cls(conn, database=database, options=options)
         try:
             await backend.read(partial(configure, file=path != MEMORY, options=options))
+            if path != MEMORY:
+                backend._path = path
+                backend._identity = _file_identity(path)
             if options.migrate:
                 await backend.read(backend.migrate_op)
         except BaseException:
@@ -731,6 +838,7 @@ class SqliteBackend:
             return [(False, self._translate(exc)) for _ in ops]
         results: list[tuple[bool, Any]] = []
         try:
+            self._refuse_replaced_file()
             if len(ops) == 1:
                 results.append(self._attempt(ops[0], conn))
                 if not results[0][0]:
@@ -758,6 +866,30 @@ class SqliteBackend:
                     conn.execute("ROLLBACK")
             return [(False, self._translate(exc)) for _ in ops]
         return results
+
+    def _refuse_replaced_file(self) -> None:
+        """Raise StorageError if the path no longer names the file this store opened.
+
+        SQLite in WAL mode keeps writing, without an error, to a file that was deleted, moved or
+        replaced under it (measured: SQLITE_READONLY_DBMOVED is reported in rollback-journal mode
+        only), so every acknowledged write after that would vanish with the old inode. One stat
+        per transaction, under the write lock, before anything is written, turns that into an
+        error; putting the file back makes the same store usable again.
+        """
+        if self._path is None:
+            return
+        try:
+            now = _file_identity(self._path)
+        except OSError:
+            now = None
+        if now != self._identity:
+            error = StorageError(
+                f"{self._database} was deleted, moved or replaced while this store had it "
+                "open; nothing of this call was written: put the file back (or restore it from "
+                "a backup) and retry, or close the store and connect again"
+            )
+            error.retryable = True
+            raise error
 
     def _attempt(self, op: Op[Any], conn: sqlite3.Connection) -> tuple[bool, Any]:
         try:

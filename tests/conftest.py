@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import signal
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -15,6 +19,17 @@ import pytest
 from control_store import EvalJob, Job, Run, Store
 
 BACKENDS = ["memory", "file"]
+
+# `nox -s stress` sets this: the same tests, at sizes too slow for every run.
+STRESS = os.environ.get("CONTROL_STORE_STRESS") == "1"
+WORKERS = Path(__file__).with_name("_workers.py")
+# Only a guard against a hung child; no assertion depends on how long anything takes.
+HANG_GUARD_SECONDS = 600
+
+
+def sized(default: int, stress: int) -> int:
+    """``default``, or ``stress`` under ``CONTROL_STORE_STRESS=1``."""
+    return stress if STRESS else default
 
 
 @pytest.fixture(scope="session")
@@ -76,3 +91,106 @@ def make_jobs(run: Run, count: int | None = None) -> list[Job]:
     """``count`` (default: the run's job_count) jobs for ``run``."""
     n = run.job_count if count is None else count
     return [Job(run.id, EvalJob(run.models[i % len(run.models)], f"s{i}", 0)) for i in range(n)]
+
+
+class Worker:
+    """A child process running ``tests/_workers.py MODE ARGS``, read line by line."""
+
+    def __init__(self, mode: str, *args: object) -> None:
+        self.mode = mode
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WORKERS), mode, *map(str, args)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+
+    def stop(self) -> None:
+        """Kill the child if it still runs and close its pipes (test teardown)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate(timeout=HANG_GUARD_SECONDS)
+
+    def line(self) -> list[str]:
+        """The next line the child printed, split into words; fails if the child ended."""
+        assert self.proc.stdout is not None
+        text = self.proc.stdout.readline()
+        if not text:
+            self.proc.wait(HANG_GUARD_SECONDS)
+            assert self.proc.stderr is not None
+            raise AssertionError(
+                f"worker {self.mode} ended (status {self.proc.returncode}) before printing "
+                f"what the test waited for:\n{self.proc.stderr.read()}"
+            )
+        self.lines.append(text)
+        return text.split()
+
+    def expect(self, word: str) -> list[str]:
+        """Read lines until one starts with ``word``; return its words."""
+        while True:
+            words = self.line()
+            if words and words[0] == word:
+                return words
+
+    def go(self) -> None:
+        """Tell the child to take its next step."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def kill(self) -> list[list[str]]:
+        """kill -9 the child; return every line it printed, split into words."""
+        os.kill(self.proc.pid, signal.SIGKILL)
+        return self._drain(expect_status=-signal.SIGKILL)
+
+    def finish(self) -> list[list[str]]:
+        """Wait for the child to exit cleanly; return every line it printed, split into words."""
+        return self._drain(expect_status=0)
+
+    def _drain(self, *, expect_status: int) -> list[list[str]]:
+        out, err = self.proc.communicate(timeout=HANG_GUARD_SECONDS)
+        self.lines.extend(out.splitlines(keepends=True))
+        # A child that finished on its own just before the kill is fine: what it printed counts.
+        assert self.proc.returncode in (expect_status, 0), (
+            f"worker {self.mode} exited with {self.proc.returncode}:\n{err}"
+        )
+        return [line.split() for line in self.lines]
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[..., Worker]]:
+    """Start workers; any still running when the test ends are killed."""
+    started: list[Worker] = []
+
+    def start(mode: str, *args: object) -> Worker:
+        worker = Worker(mode, *args)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def acked(lines: list[list[str]], word: str = "ack") -> list[str]:
+    """The ids on the lines that start with ``word``."""
+    return [words[1] for words in lines if len(words) >= 2 and words[0] == word]
+
+
+def integrity(path: Path) -> str:
+    """SQLite's own integrity check of the file, read through a plain connection."""
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute("PRAGMA integrity_check").fetchall()
+    finally:
+        conn.close()
+    return "; ".join(str(row[0]) for row in rows)
+
+
+async def assert_sound(path: Path) -> None:
+    """The file passes SQLite's integrity check, opens cleanly, and store.check() finds nothing."""
+    assert integrity(path) == "ok"
+    async with Store.connect(path) as store:
+        assert await store.check() == []

@@ -1,0 +1,301 @@
+"""Worker processes for the multi-process, crash and fault tests.
+
+Run as ``python tests/_workers.py MODE DATABASE [ARGS...]``. Each worker opens its own
+``Store`` on the file, prints one line per acknowledged call (only after the call returned, and
+flushed at once, so a line that reached the parent is a write the store acknowledged), and
+reads ``go`` lines from stdin where a test must act between two steps. A worker that fails
+prints its traceback to stderr and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import random
+import resource
+import signal
+import sqlite3
+import sys
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Final
+
+from control_store import ControlError, EvalJob, Job, JobOutcome, Run, Store, _migrate
+
+HEAVY_MIGRATION: Final = 2
+HEAVY_ROWS: Final = 200_000
+PROGRESS_EVERY: Final = 1_000
+
+# A second migration that takes long enough to be killed in the middle: it fills a table row
+# by row, calling progress() (a function the opener registers) so the worker can announce how
+# far it got. It exists only in these tests; the library ships 0001 alone.
+_HEAVY_SQL: Final = f"""
+CREATE TABLE filler (i INTEGER NOT NULL, pad BLOB NOT NULL);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {HEAVY_ROWS})
+INSERT INTO filler SELECT progress(i), randomblob(64) FROM n;
+CREATE INDEX idx_filler_i ON filler (i);
+"""
+
+
+def say(*parts: object) -> None:
+    """Print one line for the parent, at once."""
+    print(*parts, flush=True)
+
+
+def wait_go() -> None:
+    """Block until the parent writes a line: the test's cue to take the next step."""
+    if sys.stdin.readline().strip() != "go":
+        raise SystemExit("the parent closed stdin before saying go")
+
+
+_ORIGINAL_LOAD: Final = _migrate.load_migrations
+
+
+def heavy_migrations(backend: str, directory: Path | None = None) -> list[_migrate.Migration]:
+    """The library's migrations plus the heavy test one: a stand-in for load_migrations."""
+    known = _ORIGINAL_LOAD(backend, directory)
+    data = _HEAVY_SQL.encode()
+    heavy = _migrate.Migration(
+        version=HEAVY_MIGRATION,
+        description="heavy filler",
+        sql=_HEAVY_SQL,
+        checksum=_migrate.checksum(data),
+        path=Path(f"{HEAVY_MIGRATION:04d}_heavy_filler.sql"),
+    )
+    return [*known, heavy]
+
+
+async def open_with_heavy_migration(db: str, on_progress: Callable[[int], None]) -> Store:
+    """A store on ``db`` migrated with the library's migrations plus the heavy test one.
+
+    The caller must have patched ``_migrate.load_migrations`` with ``heavy_migrations`` (the
+    parent test does it with monkeypatch, ``migrate`` below for the worker).
+    """
+    store = await Store.connect(db, migrate=False)
+
+    def progress(i: int) -> int:
+        if i % PROGRESS_EVERY == 0:
+            on_progress(i)
+        return i
+
+    backend = store._backend
+    assert backend is not None
+    await backend.read(lambda conn: conn.create_function("progress", 1, progress))
+    await store.migrate()
+    return store
+
+
+# ---------------------------------------------------------------------------------------------
+# Modes
+
+
+async def claim(db: str) -> None:
+    """Drain the queue: print every run this process claimed."""
+    async with Store.connect(db) as store:
+        say("ready")
+        wait_go()
+        while (run := await store.claim_next_run()) is not None:
+            say("claimed", run.id)
+    say("finished")
+
+
+async def redeliver(db: str, run_id: str, seed: str) -> None:
+    """Report every outcome of a run, in this process's own random order."""
+    rng = random.Random(int(seed))
+    async with Store.connect(db) as store:
+        jobs = await store.list_jobs(uuid.UUID(run_id))
+        rng.shuffle(jobs)
+        say("ready")
+        wait_go()
+        for job in jobs:
+            new = await store.record_job_outcome(job.run_id, JobOutcome(job.id, score=1.0))
+            say("recorded", job.id, new)
+    say("finished")
+
+
+async def record_acked(db: str, run_id: str, tasks: str) -> None:
+    """A record storm: ``tasks`` tasks record the run's outcomes; print each once acknowledged."""
+    async with Store.connect(db) as store:
+        jobs = await store.list_jobs(uuid.UUID(run_id))
+        queue = iter(jobs)
+
+        async def worker() -> None:
+            for job in queue:
+                await store.record_job_outcome(job.run_id, JobOutcome(job.id, output="ok"))
+                say("ack", job.id)
+
+        say("ready")
+        await asyncio.gather(*(worker() for _ in range(int(tasks))))
+    say("finished")
+
+
+async def insert_runs_acked(db: str, tasks: str) -> None:
+    """Insert runs forever from ``tasks`` tasks; print each id once acknowledged."""
+    async with Store.connect(db) as store:
+
+        async def worker() -> None:
+            while True:
+                run = Run("crash.yaml", ["m"], 1, 1)
+                await store.insert_run(run)
+                say("ack", run.id)
+
+        say("ready")
+        await asyncio.gather(*(worker() for _ in range(int(tasks))))
+
+
+async def claim_acked(db: str, tasks: str) -> None:
+    """Claim runs from ``tasks`` tasks; print each claimed id once acknowledged."""
+    async with Store.connect(db) as store:
+
+        async def worker() -> None:
+            while (run := await store.claim_next_run()) is not None:
+                say("ack", run.id)
+
+        say("ready")
+        await asyncio.gather(*(worker() for _ in range(int(tasks))))
+    say("finished")
+
+
+async def insert_jobs_big(db: str, run_id: str, count: str) -> None:
+    """One insert_jobs call of ``count`` jobs, announcing progress from inside the batch."""
+    n = int(count)
+    run = uuid.UUID(run_id)
+
+    def jobs() -> Iterator[Job]:
+        for i in range(n):
+            if i % PROGRESS_EVERY == 0:
+                say("progress", i)
+            yield Job(run, EvalJob("m", f"s{i}", 0))
+
+    async with Store.connect(db) as store:
+        await store.insert_jobs(jobs())
+        say("inserted", n)
+
+
+async def migrate(db: str) -> None:
+    """Apply the heavy test migration, announcing progress from inside it."""
+    _migrate.load_migrations = heavy_migrations
+    store = await open_with_heavy_migration(db, lambda i: say("progress", i))
+    await store.close()
+    say("migrated")
+
+
+def hold_lock(db: str) -> None:
+    """Hold the database's write lock (BEGIN IMMEDIATE) until told to let go."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    say("locked")
+    wait_go()
+    conn.execute("ROLLBACK")
+    conn.close()
+    say("released")
+
+
+# Linux capability numbers (linux/capability.h): what lets root ignore file permissions.
+_CAP_DAC_OVERRIDE: Final = 1
+_CAP_DAC_READ_SEARCH: Final = 2
+_CAP_FOWNER: Final = 3
+_CAPABILITY_VERSION_3: Final = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = (
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    )
+
+
+def obey_file_permissions() -> None:
+    """Make this process subject to file permissions even as root.
+
+    Root ignores permission bits through CAP_DAC_OVERRIDE (and friends); dropping them from
+    this thread before any other starts makes a read-only file read-only for it too, which is
+    what a user without those privileges meets. A no-op for other users.
+    """
+    if os.geteuid() != 0:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = _CapHeader(_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget failed")
+    drop = (1 << _CAP_DAC_OVERRIDE) | (1 << _CAP_DAC_READ_SEARCH) | (1 << _CAP_FOWNER)
+    data[0].effective &= ~drop
+    data[0].permitted &= ~drop
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
+async def write_read_only(db: str) -> None:
+    """Meet a read-only database: report the error, then connect and write once told to."""
+    obey_file_permissions()
+    try:
+        store = await Store.connect(db)
+    except ControlError as exc:
+        say("refused", type(exc).__name__, exc.retryable, str(exc).replace("\n", " "))
+    else:
+        await store.close()
+        say("opened")
+        return
+    wait_go()
+    async with Store.connect(db) as store:
+        run = Run("after-fix.yaml", ["m"], 1, 1)
+        await store.insert_run(run)
+        say("inserted", run.id)
+
+
+async def write_past_file_size_limit(db: str, limit: str, count: str) -> None:
+    """Meet a file size limit (a full small disk): report the error, retry once it is lifted."""
+    # A write past RLIMIT_FSIZE raises SIGXFSZ, which kills by default; ignored, the write
+    # fails with EFBIG or stops short, as on a full disk.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    async with Store.connect(db) as store:
+        run = Run("big.yaml", ["m"], 1, int(count))
+        await store.insert_run(run)
+        jobs = [Job(run.id, EvalJob("m", f"s{i}", 0)) for i in range(int(count))]
+        resource.setrlimit(resource.RLIMIT_FSIZE, (int(limit), hard))
+        try:
+            await store.insert_jobs(jobs)
+        except ControlError as exc:
+            say("refused", type(exc).__name__, exc.retryable, str(exc).replace("\n", " "))
+        else:
+            say("inserted", len(jobs))
+            return
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        await store.insert_jobs(jobs)
+        say("inserted", len(jobs))
+        say("run", run.id)
+
+
+_MODES: Final[dict[str, Callable[..., Awaitable[None] | None]]] = {
+    "claim": claim,
+    "redeliver": redeliver,
+    "record-acked": record_acked,
+    "insert-runs-acked": insert_runs_acked,
+    "claim-acked": claim_acked,
+    "insert-jobs-big": insert_jobs_big,
+    "migrate": migrate,
+    "hold-lock": hold_lock,
+    "write-read-only": write_read_only,
+    "write-past-file-size-limit": write_past_file_size_limit,
+}
+
+
+def main(argv: list[str]) -> None:
+    """Run the mode named by ``argv[0]`` with the rest as its arguments."""
+    mode = _MODES[argv[0]]
+    result = mode(*argv[1:])
+    if asyncio.iscoroutine(result):
+        asyncio.run(result)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

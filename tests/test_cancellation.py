@@ -1,0 +1,111 @@
+"""Cancelled calls: each took effect wholly or not at all, and the store carries on."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+
+from control_store import JobOutcome, JobStatus, Run, RunStatus, Store
+
+from conftest import make_jobs, make_run, sized
+
+JOBS_PER_RUN = 10
+
+
+async def _no_transaction_left_open(store: Store) -> None:
+    backend = store._backend
+    assert backend is not None
+    assert not await backend.read(lambda conn: conn.in_transaction)
+    database = await backend.read(lambda conn: conn.execute("PRAGMA database_list").fetchall())
+    path = database[0][2]
+    if path:  # a file: another connection can take the write lock at once
+        other = sqlite3.connect(path, timeout=0, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("ROLLBACK")
+        finally:
+            other.close()
+
+
+@pytest.mark.parametrize("seed", range(sized(3, 10)))
+async def test_cancelling_a_third_of_the_calls_in_flight_leaves_each_whole_or_absent(
+    store: Store, seed: int
+) -> None:
+    """A random third of many concurrent calls is cancelled: no call is half-done, none is lost."""
+    rng = random.Random(seed)
+    size = sized(40, 150)
+    fed = [make_run(job_count=JOBS_PER_RUN) for _ in range(size)]  # jobs in, outcomes coming
+    empty = [make_run(job_count=JOBS_PER_RUN) for _ in range(size)]  # jobs coming
+    for run in [*fed, *empty]:
+        await store.insert_run(run)
+    fed_jobs = [job for run in fed for job in make_jobs(run)]
+    await store.insert_jobs(fed_jobs)
+    batches = {run.id: make_jobs(run) for run in empty}
+    new_runs = [make_run() for _ in range(size)]
+
+    calls: list[tuple[str, Any, Coroutine[Any, Any, Any]]] = []
+    calls += [("insert_run", run, store.insert_run(run)) for run in new_runs]
+    calls += [("insert_jobs", run_id, store.insert_jobs(b)) for run_id, b in batches.items()]
+    calls += [("claim", None, store.claim_next_run()) for _ in range(size)]
+    for job in fed_jobs:
+        calls.append(("record", job, store.record_job_outcome(job.run_id, JobOutcome(job.id))))
+    calls += [  # redeliveries of some of the same outcomes
+        ("record", job, store.record_job_outcome(job.run_id, JobOutcome(job.id)))
+        for job in rng.sample(fed_jobs, size)
+    ]
+    rng.shuffle(calls)
+    tasks = [asyncio.ensure_future(coro) for _, _, coro in calls]
+    doomed = rng.sample(range(len(tasks)), len(tasks) // 3)
+    for index in doomed:  # cancel at scattered moments: queued, grouped, or on the thread
+        for _ in range(rng.randrange(3)):
+            await asyncio.sleep(0)
+        tasks[index].cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+
+    cancelled = {i for i, result in enumerate(results) if isinstance(result, BaseException)}
+    assert all(isinstance(results[i], asyncio.CancelledError) for i in cancelled)
+    assert cancelled <= set(doomed)
+    await _no_transaction_left_open(store)
+
+    claimed = []
+    for index, (kind, subject, _) in enumerate(calls):
+        done = index not in cancelled
+        if kind == "insert_run":
+            stored = await store.get_run(subject.id)
+            if done:
+                assert stored is not None
+            if stored is not None:  # whole: the run as inserted (perhaps claimed since)
+                assert stored.__replace__(status=RunStatus.QUEUED) == subject
+        elif kind == "insert_jobs":
+            count = len(await store.list_jobs(subject))
+            assert count in (0, JOBS_PER_RUN)
+            if done:
+                assert count == JOBS_PER_RUN
+        elif kind == "record" and done:
+            recorded = await store.get_job(subject.id)
+            assert recorded is not None
+            assert recorded.status is JobStatus.DONE
+        elif kind == "claim" and done:
+            result = results[index]
+            if isinstance(result, Run):
+                claimed.append(result.id)
+    assert len(set(claimed)) == len(claimed)  # no run handed out twice
+    queued = {run.id for run in await store.list_runs(status=RunStatus.QUEUED)}
+    assert not queued & set(claimed)  # each claim returned took effect
+    assert await store.check() == []  # every record counted exactly when its job is done
+
+    # The store carries on: a write, a claim and a record after all that.
+    extra = make_run(job_count=1)
+    await store.insert_run(extra)
+    await store.insert_jobs(make_jobs(extra))
+    [job] = await store.list_jobs(extra.id)
+    assert await store.record_job_outcome(extra.id, JobOutcome(job.id))
+    assert await store.claim_next_run() is not None or not await store.list_runs(
+        status=RunStatus.QUEUED
+    )
+    assert await store.check() == []

@@ -1,0 +1,113 @@
+"""store.check(): every broken invariant is found, described for a person, and nothing changes."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from control_store import JobOutcome, Store
+
+from conftest import make_jobs, make_run
+
+
+async def _edit(store: Store, sql: str, *params: object) -> None:
+    """A hand edit through the store's own connection, with foreign keys off as in a shell."""
+    backend = store._backend
+    assert backend is not None
+
+    def edit(conn: sqlite3.Connection) -> None:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        try:
+            conn.execute(sql, params)
+        finally:
+            conn.execute("PRAGMA foreign_keys = ON")
+
+    await backend.read(edit)
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        ("UPDATE runs SET done_count = 2", r"run \S+ has done_count 2, 1 jobs done"),
+        ("UPDATE jobs SET status = 'done' WHERE outcome IS NULL", r"is 'done' but has no outcome"),
+        ("UPDATE runs SET status = 'done'", r"is done with 1 of 3 jobs"),
+        ("UPDATE runs SET job_count = 1", r"has all 1 jobs done but is 'running'"),
+        ("UPDATE runs SET job_count = 2", r"has job_count 2 but 3 jobs"),
+        ("UPDATE jobs SET run_id = 'gone'", r"jobs row \d+ refers to a missing runs row"),
+        ("UPDATE runs SET epochs = 'many'", r"runs\.epochs of row \S+ holds 'many'"),
+    ],
+    ids=[
+        "miscounted",
+        "done-without-outcome",
+        "done-too-early",
+        "finished-not-done",
+        "too-many-jobs",
+        "orphan-job",
+        "unreadable",
+    ],
+)
+async def test_check_reports_each_broken_invariant(store: Store, edit: str, expected: str) -> None:
+    """A hand edit that breaks an invariant is reported, with the row and what is wrong."""
+    run = make_run(job_count=3)
+    jobs = make_jobs(run)
+    await store.insert_run(run)
+    await store.insert_jobs(jobs)
+    await store.claim_next_run()
+    await store.record_job_outcome(run.id, JobOutcome(jobs[0].id, score=1.0))
+    assert await store.check() == []
+    await _edit(store, edit)
+    problems = await store.check()
+    assert problems
+    assert any(re.search(expected, p.message) for p in problems), problems
+    assert all(p.table in ("runs", "jobs") and p.row_id for p in problems)
+
+
+async def test_check_changes_nothing(db_path: Path) -> None:
+    """check() on a damaged database leaves every row of it as it was."""
+    async with Store.connect(db_path) as store:
+        run = make_run(job_count=2)
+        await store.insert_run(run)
+        await store.insert_jobs(make_jobs(run))
+        await _edit(store, "UPDATE runs SET done_count = 5, status = 'done'")
+    before = _dump(db_path)
+    async with Store.connect(db_path, migrate=False) as store:
+        assert await store.check()
+        assert await store.check()
+        backend = store._backend
+        assert backend is not None
+        assert await backend.read(lambda conn: conn.total_changes) == 0
+    assert _dump(db_path) == before
+
+
+def _dump(path: Path) -> list[str]:
+    conn = sqlite3.connect(path)
+    try:
+        return list(conn.iterdump())
+    finally:
+        conn.close()
+
+
+async def test_check_reports_a_damaged_file(db_path: Path) -> None:
+    """A database whose pages were overwritten fails SQLite's integrity check inside check()."""
+    async with Store.connect(db_path) as store:
+        run = make_run(job_count=200)
+        await store.insert_run(run)
+        await store.insert_jobs(make_jobs(run))
+    raw = sqlite3.connect(db_path)
+    try:
+        raw.execute("PRAGMA writable_schema = ON")
+        (root,) = raw.execute(
+            "SELECT rootpage FROM sqlite_schema WHERE name = 'idx_jobs_run'"
+        ).fetchone()
+        (page_size,) = raw.execute("PRAGMA page_size").fetchone()
+    finally:
+        raw.close()
+    with db_path.open("r+b") as file:  # scribble over the index's root page
+        file.seek((root - 1) * page_size)
+        file.write(b"\x00" * 64)
+    async with Store.connect(db_path, migrate=False) as store:
+        problems = await store.check()
+    assert any(p.table == "database" and "integrity check" in p.message for p in problems)

@@ -1,0 +1,223 @@
+"""Faults from outside: a full disk, read-only files, a lock held elsewhere, a file pulled away.
+
+Each must be a clear ControlError that says what happened and what to do, lose nothing that was
+recorded before, and let the same call succeed once the cause is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sqlite3
+import stat
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from control_store import DatabaseBusyError, JobOutcome, RunStatus, StorageError, Store
+
+from conftest import Worker, assert_sound, make_jobs, make_run
+
+pytestmark = pytest.mark.slow
+
+
+async def _execute(store: Store, sql: str) -> list[tuple[object, ...]]:
+    """Run ``sql`` on the store's own connection (the only way to reach its per-connection
+    settings, such as max_page_count, or an in-memory database)."""
+    backend = store._backend
+    assert backend is not None
+    return await backend.read(lambda conn: conn.execute(sql).fetchall())
+
+
+async def test_a_full_database_refuses_the_write_keeps_the_rest_and_accepts_the_retry(
+    store: Store,
+) -> None:
+    """At the page limit a write is a retryable StorageError; earlier data stays; retry works."""
+    run = make_run(job_count=3_003)
+    before = make_jobs(run, 3)
+    await store.insert_run(run)
+    await store.insert_jobs(before)
+    await store.record_job_outcome(run.id, JobOutcome(before[0].id, score=1.0))
+    [(pages,)] = await _execute(store, "PRAGMA page_count")
+    await _execute(store, f"PRAGMA max_page_count = {pages}")  # no room to grow
+    batch = [job for job in make_jobs(run) if job.id not in {j.id for j in before}][:3_000]
+    with pytest.raises(StorageError, match=r"is full.*free space and retry") as caught:
+        await store.insert_jobs(batch)
+    assert caught.value.retryable
+    # Several writers at once (one group transaction) each get the error, and none is half-done.
+    results = await asyncio.gather(
+        *(store.insert_jobs(batch[i::4]) for i in range(4)), return_exceptions=True
+    )
+    assert all(isinstance(result, StorageError) for result in results)
+    assert await store.list_jobs(run.id) == [
+        before[0].__replace__(status="done", outcome=JobOutcome(before[0].id, score=1.0)),
+        *before[1:],
+    ]
+    await _execute(store, "PRAGMA max_page_count = 1073741823")  # the cause is gone
+    await store.insert_jobs(batch)
+    assert len(await store.list_jobs(run.id)) == 3_003
+    assert await store.check() == []
+
+
+async def test_a_file_size_limit_mid_write_is_a_storage_error_and_retry_succeeds(
+    db_path: Path, spawn: Callable[..., Worker]
+) -> None:
+    """A process that hits a file size limit (a full small disk) gets StorageError, then retries."""
+    async with Store.connect(db_path) as store:
+        earlier = make_run()
+        await store.insert_run(earlier)
+    worker = spawn("write-past-file-size-limit", db_path, 100_000, 5_000)
+    refused = worker.expect("refused")
+    assert refused[1:3] == ["StorageError", "True"]
+    assert "free space" in " ".join(refused)
+    assert worker.expect("inserted") == ["inserted", "5000"]
+    run_id = worker.expect("run")[1]
+    worker.finish()
+    async with Store.connect(db_path) as store:
+        assert await store.get_run(earlier.id) == earlier
+        assert len(await store.list_jobs(uuid.UUID(run_id))) == 5_000
+    await assert_sound(db_path)
+
+
+def _chmod_all(db: Path, mode: int) -> None:
+    for path in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
+        if path.exists():
+            path.chmod(mode)
+
+
+async def test_a_read_only_file_is_refused_at_connect_and_connect_succeeds_once_writable(
+    db_path: Path, spawn: Callable[..., Worker]
+) -> None:
+    """A write-protected database is a retryable StorageError at connect; data stays intact."""
+    async with Store.connect(db_path) as store:
+        earlier = make_run()
+        await store.insert_run(earlier)
+    _chmod_all(db_path, 0o444)
+    try:
+        worker = spawn("write-read-only", db_path)
+        refused = worker.expect("refused")
+    finally:
+        _chmod_all(db_path, 0o644)
+    assert refused[1:3] == ["StorageError", "True"]
+    line = " ".join(refused)
+    assert "is read-only" in line
+    assert "writable" in line
+    worker.go()
+    inserted = worker.expect("inserted")[1]
+    worker.finish()
+    async with Store.connect(db_path) as store:
+        assert await store.get_run(earlier.id) == earlier
+        assert [str(run.id) for run in await store.list_runs()] == [inserted, str(earlier.id)]
+    await assert_sound(db_path)
+
+
+async def test_a_read_only_directory_is_refused_at_connect_and_connect_succeeds_once_writable(
+    tmp_path: Path, template_db: Path, spawn: Callable[..., Worker]
+) -> None:
+    """A database in a write-protected directory is a retryable StorageError at connect."""
+    directory = tmp_path / "locked"
+    directory.mkdir()
+    db = directory / "control.db"
+    shutil.copyfile(template_db, db)
+    async with Store.connect(db) as store:
+        earlier = make_run()
+        await store.insert_run(earlier)
+    directory.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP)
+    try:
+        worker = spawn("write-read-only", db)
+        refused = worker.expect("refused")
+    finally:
+        directory.chmod(0o755)
+    assert refused[1:3] == ["StorageError", "True"]
+    assert "directory writable" in " ".join(refused)
+    worker.go()
+    worker.expect("inserted")
+    worker.finish()
+    async with Store.connect(db) as store:
+        assert await store.get_run(earlier.id) == earlier
+    await assert_sound(db)
+
+
+async def test_a_lock_held_past_busy_timeout_is_retryable_and_reads_go_on(
+    db_path: Path, spawn: Callable[..., Worker]
+) -> None:
+    """Another process holding the write lock makes writes a DatabaseBusyError, retried later."""
+    async with Store.connect(db_path, busy_timeout=0.2) as store:
+        earlier = make_run()
+        await store.insert_run(earlier)
+        holder = spawn("hold-lock", db_path)
+        holder.expect("locked")
+        late = make_run()
+        with pytest.raises(DatabaseBusyError, match=r"busy_timeout=0\.2s.*retry") as caught:
+            await store.insert_run(late)
+        assert caught.value.retryable
+        results = await asyncio.gather(
+            *(store.insert_run(make_run()) for _ in range(5)),
+            store.claim_next_run(),
+            return_exceptions=True,
+        )
+        assert all(isinstance(result, DatabaseBusyError) for result in results)
+        assert await store.get_run(earlier.id) == earlier  # WAL: readers are never blocked
+        holder.go()
+        holder.expect("released")
+        holder.finish()
+        await store.insert_run(late)  # the same call, once the lock is free
+        claimed = await store.claim_next_run()
+        assert claimed is not None
+        assert claimed.id == earlier.id
+        assert await store.get_run(late.id) == late
+        assert len(await store.list_runs()) == 2
+        assert await store.check() == []
+
+
+async def test_a_moved_file_refuses_writes_until_it_is_back(db_path: Path) -> None:
+    """A database renamed away under a running store refuses writes, and accepts them once back."""
+    async with Store.connect(db_path) as store:
+        earlier = make_run()
+        await store.insert_run(earlier)
+        away = db_path.with_name("moved.db")
+        db_path.rename(away)
+        late = make_run()
+        with pytest.raises(StorageError, match=r"deleted, moved or replaced.*retry") as caught:
+            await store.insert_run(late)
+        assert caught.value.retryable
+        with pytest.raises(StorageError, match="moved"):
+            await store.claim_next_run()
+        away.rename(db_path)
+        await store.insert_run(late)
+        claimed = await store.claim_next_run()
+        assert claimed is not None
+        assert claimed.id == earlier.id
+    async with Store.connect(db_path) as store:
+        assert [run.id for run in await store.list_runs()] == [late.id, earlier.id]
+        stored = await store.get_run(earlier.id)
+        assert stored is not None
+        assert stored.status is RunStatus.RUNNING
+    await assert_sound(db_path)
+
+
+async def test_a_deleted_or_replaced_file_refuses_writes_until_restored(db_path: Path) -> None:
+    """Deleting or replacing the file under a running store is a StorageError, not silent loss."""
+    async with Store.connect(db_path) as store:
+        earlier = make_run()
+        await store.insert_run(earlier)
+        backup = db_path.with_name("backup.db")
+        os.link(db_path, backup)  # the same file under a second name: a perfect "backup"
+        db_path.unlink()
+        late = make_run()
+        with pytest.raises(StorageError, match="deleted"):
+            await store.insert_run(late)
+        shutil.copyfile(backup, db_path)  # a different file at the same path
+        with pytest.raises(StorageError, match="replaced"):
+            await store.insert_run(late)
+        os.replace(backup, db_path)  # the original file back in place
+        await store.insert_run(late)
+    raw = sqlite3.connect(db_path)
+    try:
+        assert raw.execute("SELECT count(*) FROM runs").fetchone() == (2,)
+    finally:
+        raw.close()
+    await assert_sound(db_path)

@@ -1,0 +1,194 @@
+"""Rows edited by hand: every read path reports the bad value, and nothing else ever escapes."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from control_store import ControlError, CorruptRowError, JobOutcome, Store
+from control_store._codec import lenient_text
+
+from conftest import make_jobs, make_run, sized
+
+# The integer columns and their smallest sound value; every other column holds text.
+INTEGER_MINIMUM = {"epochs": 1, "job_count": 0, "done_count": 0, "attempt": 0}
+COLUMNS = [
+    ("runs", "id"),
+    ("runs", "manifest"),
+    ("runs", "models"),
+    ("runs", "epochs"),
+    ("runs", "job_count"),
+    ("runs", "status"),
+    ("runs", "created_at"),
+    ("runs", "done_count"),
+    ("jobs", "id"),
+    ("jobs", "run_id"),
+    ("jobs", "spec"),
+    ("jobs", "status"),
+    ("jobs", "attempt"),
+    ("jobs", "outcome"),
+]
+
+
+@dataclass(frozen=True)
+class Hostile:
+    """A value to write into a column."""
+
+    value: Any
+    as_text: bool = False  # bind bytes as TEXT: a string that is not UTF-8
+
+
+def hostile(column: str) -> st.SearchStrategy[Hostile]:
+    """Random bytes, wrong types, and near misses for ``column``."""
+    near = ["", "queued ", "DONE", "[1, 2]", "{}", '{"model": 1}', "2026-01-01", "null", "-1"]
+    values = [
+        st.binary(max_size=40).map(Hostile),
+        st.floats(allow_nan=False).map(Hostile),
+        st.integers(-(2**63), 2**63 - 1).map(Hostile),
+        st.text(max_size=40).map(Hostile),
+        st.sampled_from(near).map(Hostile),
+        # Not valid UTF-8, stored as TEXT: sqlite3 itself cannot decode it.
+        st.binary(max_size=40).map(lambda b: Hostile(b + b"\xff", as_text=True)),
+    ]
+    if column == "outcome":
+        values.append(st.just(Hostile(None)))
+    return st.one_of(values)
+
+
+def unreadable(column: str, stored: object) -> bool:
+    """Whether no reader may accept ``stored`` (as SQLite keeps it, after column affinity)."""
+    if column in INTEGER_MINIMUM:
+        return not isinstance(stored, int) or stored < INTEGER_MINIMUM[column]
+    if column == "outcome" and stored is None:
+        return False
+    # Text columns: anything but text surely fails; text may parse (any text is a manifest).
+    return not isinstance(stored, str)
+
+
+async def _corrupt(store: Store, table: str, column: str, row_id: str, bad: Hostile) -> object:
+    """Write ``bad`` into one cell through the store's own sqlite3 connection, as a hand edit;
+    return the value as SQLite now holds it (column affinity turns 7 into '7' in a TEXT column).
+
+    Foreign keys are off for the edit, as in a plain ``sqlite3`` shell.
+    """
+    placeholder = "CAST(? AS TEXT)" if bad.as_text else "?"
+    edit_sql = f"UPDATE {table} SET {column} = {placeholder} WHERE id = ?"
+    read_sql = f"SELECT {column} FROM {table} WHERE rowid = ?"
+    backend = store._backend
+    assert backend is not None
+
+    def edit(conn: sqlite3.Connection) -> object:
+        (rowid,) = conn.execute(f"SELECT rowid FROM {table} WHERE id = ?", (row_id,)).fetchone()
+        conn.execute("PRAGMA foreign_keys = OFF")
+        try:
+            assert conn.execute(edit_sql, (bad.value, row_id)).rowcount == 1
+        finally:
+            conn.execute("PRAGMA foreign_keys = ON")
+        conn.text_factory = lenient_text
+        try:
+            return conn.execute(read_sql, (rowid,)).fetchone()[0]
+        finally:
+            conn.text_factory = str
+
+    return await backend.read(edit)
+
+
+async def _scenario(table: str, column: str, bad: Hostile) -> None:
+    async with Store.in_memory() as store:
+        run = make_run(job_count=2)
+        jobs = make_jobs(run)
+        await store.insert_run(run)
+        await store.insert_jobs(jobs)
+        target = str(run.id if table == "runs" else jobs[0].id)
+        stored = await _corrupt(store, table, column, target, bad)
+        must_fail = unreadable(column, stored)
+        row_id = target
+        if column == "id":
+            row_id = stored if isinstance(stored, str) else repr(stored)
+
+        def names_the_cell(exc: CorruptRowError) -> None:
+            assert (exc.table, exc.column, exc.row_id) == (table, column, row_id)
+            assert exc.value == stored
+            assert f"{table}.{column} of row {row_id} holds {stored!r}" in str(exc)
+
+        # Each read either returns its rows or names the damaged cell; those marked True
+        # surely reach the damaged row, so an unreadable value must make them fail.
+        reads: list[tuple[Callable[[], Awaitable[object]], bool]] = [(store.list_runs, False)]
+        if table == "runs":
+            reads = [
+                (store.list_runs, True),
+                (lambda: store.get_run(run.id), column != "id"),
+                (store.claim_next_run, column != "status"),
+            ]
+        else:
+            reads += [
+                (lambda: store.get_job(jobs[0].id), column != "id"),
+                (lambda: store.list_jobs(run.id), column != "run_id"),
+            ]
+        for read, reaches in reads:
+            try:
+                await read()
+            except CorruptRowError as exc:
+                names_the_cell(exc)
+            else:
+                assert not (must_fail and reaches), f"{table}.{column} = {stored!r} was read"
+        # check() reports the cell rather than failing, before a record may overwrite it.
+        problems = await store.check()
+        if must_fail:
+            assert any(p.table == table and p.row_id == row_id for p in problems), problems
+        # Records touch the row: any outcome, as long as it is a ControlError; a CorruptRowError
+        # names a cell (the damaged one, or a job whose run the damage cut off).
+        for job in jobs:
+            error = await _error_of(store.record_job_outcome(run.id, JobOutcome(job.id)))
+            assert error is None or isinstance(error, ControlError), repr(error)
+            if isinstance(error, CorruptRowError):
+                assert f"{error.table}.{error.column} of row {error.row_id} holds" in str(error)
+        await store.check()
+
+
+async def _error_of(call: Awaitable[object]) -> Exception | None:
+    """The exception ``call`` raised, if any."""
+    try:
+        await call
+    except Exception as exc:  # the caller judges which kinds are allowed
+        return exc
+    return None
+
+
+@pytest.mark.parametrize(("table", "column"), COLUMNS, ids=[f"{t}.{c}" for t, c in COLUMNS])
+def test_a_hand_edited_cell_is_reported_by_every_read_and_nothing_else_escapes(
+    table: str, column: str
+) -> None:
+    """Any value in any column: reads give the row or a CorruptRowError naming the cell."""
+
+    @settings(max_examples=sized(25, 100), deadline=None, derandomize=True)
+    @given(bad=hostile(column))
+    def check(bad: Hostile) -> None:
+        asyncio.run(_scenario(table, column, bad))
+
+    check()
+
+
+async def test_text_that_is_not_utf8_is_reported_by_every_read_path() -> None:
+    """Non-UTF-8 text is named by get, list, claim and check; the refused claim rolls back."""
+    async with Store.in_memory() as store:
+        run = make_run()
+        await store.insert_run(run)
+        await _corrupt(store, "runs", "manifest", str(run.id), Hostile(b"\xff\xfe", as_text=True))
+        for call in (lambda: store.get_run(run.id), store.list_runs, store.claim_next_run):
+            with pytest.raises(CorruptRowError, match=rf"runs\.manifest of row {run.id}"):
+                await call()
+        [problem] = await store.check()
+        assert problem.row_id == str(run.id)
+        assert "b'\\xff\\xfe'" in problem.message
+        backend = store._backend
+        assert backend is not None
+        statuses = await backend.read(lambda c: c.execute("SELECT status FROM runs").fetchall())
+        assert statuses == [("queued",)]  # the refused claim changed nothing
