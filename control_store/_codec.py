@@ -28,9 +28,8 @@ _decode_outcome: Final = msgspec.json.Decoder(JobOutcome).decode
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 
-# Fixed width, always with microseconds: text order is time order. msgspec and isoformat()
-# both drop a zero fraction, so neither output is stored as is.
-_TIMESTAMP_FORMAT: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
+# Fixed width, always with microseconds: text order is time order. msgspec and a plain
+# isoformat() both drop a zero fraction, so neither output is stored as is.
 _TIMESTAMP_LENGTH: Final = len("2026-01-01T00:00:00.000000Z")
 
 # Columns, in the order every SELECT and RETURNING lists them (see _sqlite.py).
@@ -45,13 +44,29 @@ def format_timestamp(value: datetime, *, what: str) -> str:
             f"{what} {value!r} has no time zone; pass an aware datetime, "
             "e.g. datetime.now(timezone.utc)"
         )
-    return value.astimezone(UTC).strftime(_TIMESTAMP_FORMAT)
+    if value.tzinfo is not UTC:
+        value = value.astimezone(UTC)
+    # isoformat, not strftime: it is ~3x faster on the insert path and always pads the year to
+    # four digits (glibc's %Y writes year 999 as "999", which would break the fixed width).
+    return value.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def _parse_timestamp(text: str) -> datetime:
-    if len(text) != _TIMESTAMP_LENGTH:
-        raise ValueError("not fixed-width")
-    return datetime.strptime(text, _TIMESTAMP_FORMAT).replace(tzinfo=UTC)
+    # fromisoformat is ~40x faster than strptime, but lenient (it takes "," for ".", a space
+    # for "T", offsets): the positional checks admit only the one form format_timestamp writes.
+    if (
+        len(text) != _TIMESTAMP_LENGTH
+        or text[10] != "T"
+        or text[19] != "."
+        or text[26] != "Z"
+        or text[4] != "-"
+        or text[7] != "-"
+        or text[13] != ":"
+        or text[16] != ":"
+        or not text[:4].isdigit()
+    ):
+        raise ValueError("not fixed-width RFC 3339 UTC")
+    return datetime.fromisoformat(text)  # "Z" becomes datetime.UTC itself on 3.11+
 
 
 def _check_int(value: object, *, what: str, minimum: int = _INT64_MIN) -> None:
@@ -233,8 +248,45 @@ class _Reader:
             raise self.corrupt(column, value, f"expected one of {allowed}") from exc
 
 
+_RUN_STATUS: Final = {s.value: s for s in RunStatus}
+_JOB_STATUS: Final = {s.value: s for s in JobStatus}
+
+
 def decode_run(row: Sequence[Any]) -> Run:
     """A Run from a ``runs`` row selected as RUN_COLUMNS."""
+    # The hot path (every claim returns runs): the same checks as _checked_run, inline, with
+    # no per-column method calls. Anything unexpected goes to _checked_run for the diagnosis.
+    run_id, manifest, models, epochs, job_count, status, created_at, done_count = row
+    if (
+        type(manifest) is str
+        and type(models) is str
+        and type(epochs) is int
+        and epochs >= 1
+        and type(job_count) is int
+        and job_count >= 0
+        and type(done_count) is int
+        and done_count >= 0
+        and type(run_id) is str
+        and type(created_at) is str
+        and status in _RUN_STATUS
+    ):
+        try:
+            return Run(
+                manifest,
+                _decode_models(models),
+                epochs,
+                job_count,
+                id=RunId(uuid.UUID(run_id)),
+                status=_RUN_STATUS[status],
+                created_at=_parse_timestamp(created_at),
+                done_count=done_count,
+            )
+        except (ValueError, msgspec.DecodeError):
+            pass
+    return _checked_run(row)
+
+
+def _checked_run(row: Sequence[Any]) -> Run:
     r = _Reader("runs", row)
     return Run(
         r.text(1, "manifest"),
@@ -250,6 +302,32 @@ def decode_run(row: Sequence[Any]) -> Run:
 
 def decode_job(row: Sequence[Any]) -> Job:
     """A Job from a ``jobs`` row selected as JOB_COLUMNS."""
+    # Fast path as in decode_run; _checked_job explains whatever it does not accept.
+    job_id, run_id, spec, status, attempt, outcome = row
+    if (
+        type(job_id) is str
+        and type(run_id) is str
+        and type(spec) is str
+        and type(attempt) is int
+        and attempt >= 0
+        and status in _JOB_STATUS
+        and (outcome is None or type(outcome) is str)
+    ):
+        try:
+            return Job(
+                uuid.UUID(run_id),
+                _decode_spec(spec),
+                id=JobId(uuid.UUID(job_id)),
+                status=_JOB_STATUS[status],
+                attempt=attempt,
+                outcome=None if outcome is None else _decode_outcome(outcome),
+            )
+        except (ValueError, msgspec.DecodeError):
+            pass
+    return _checked_job(row)
+
+
+def _checked_job(row: Sequence[Any]) -> Job:
     r = _Reader("jobs", row)
     outcome = None if row[5] is None else r.json(5, "outcome", _decode_outcome)
     return Job(

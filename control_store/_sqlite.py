@@ -75,6 +75,18 @@ WHERE id = (
 RETURNING {_RUN_COLUMNS}
 """
 
+# The batch claim: the same guard as CLAIM_NEXT_RUN over the oldest `limit` queued runs, in one
+# statement under one write lock, so a run is never in two claimers' batches. RETURNING gives
+# rows in no promised order: it also returns the rowid, and op_claim_runs sorts by
+# (created_at, rowid), the subquery's order.
+CLAIM_RUNS: Final = f"""
+UPDATE runs SET status = 'running'
+WHERE id IN (
+    SELECT id FROM runs WHERE status = 'queued' ORDER BY created_at, rowid LIMIT ?
+)
+RETURNING rowid, {_RUN_COLUMNS}
+"""
+
 # The record's guard: only a job of this run that is not yet done changes, so a redelivered
 # outcome (at-least-once delivery) changes nothing and the first delivery wins.
 MARK_JOB_DONE: Final = """
@@ -86,6 +98,13 @@ ADVANCE_RUN: Final = """
 UPDATE runs
 SET done_count = done_count + 1,
     status = CASE WHEN done_count + 1 >= job_count THEN 'done' ELSE status END
+WHERE id = ?
+"""
+# The batch record's single advance: `n` newly done jobs of one run move its counter once.
+ADVANCE_RUN_BY: Final = """
+UPDATE runs
+SET done_count = done_count + ?,
+    status = CASE WHEN done_count + ? >= job_count THEN 'done' ELSE status END
 WHERE id = ?
 """
 SELECT_RUNS: Final = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY created_at DESC, rowid DESC LIMIT ?"
@@ -566,12 +585,19 @@ def op_claim_next_run(conn: sqlite3.Connection) -> Run | None:
     return _codec.decode_run(rows[0]) if rows else None
 
 
-def op_record_outcome(
-    run_id: str, job_id: str, outcome_json: str, conn: sqlite3.Connection
-) -> bool:
-    if conn.execute(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount == 1:
-        conn.execute(ADVANCE_RUN, (run_id,))
-        return True
+def op_claim_runs(limit: int, conn: sqlite3.Connection) -> list[Run]:
+    rows = conn.execute(CLAIM_RUNS, (limit,)).fetchall()
+    # created_at is column 6 of RUN_COLUMNS, i.e. 7 after the leading rowid.
+    rows.sort(key=_claim_order)
+    return [_codec.decode_run(row[1:]) for row in rows]
+
+
+def _claim_order(row: tuple[Any, ...]) -> tuple[Any, Any]:
+    return (row[7], row[0])
+
+
+def _why_unrecorded(run_id: str, job_id: str, conn: sqlite3.Connection) -> None:
+    """Raise the error that explains why MARK_JOB_DONE changed nothing; return on a redelivery."""
     row = conn.execute(SELECT_JOB_RUN, (job_id,)).fetchone()
     if row is None:
         raise NotFoundError(
@@ -583,7 +609,40 @@ def op_record_outcome(
             f"job {job_id} belongs to run {row[0]}, not to run {run_id}; nothing was "
             "recorded: report the outcome with the job's own run id"
         )
+
+
+def op_record_outcome(
+    run_id: str, job_id: str, outcome_json: str, conn: sqlite3.Connection
+) -> bool:
+    if conn.execute(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount == 1:
+        conn.execute(ADVANCE_RUN, (run_id,))
+        return True
+    _why_unrecorded(run_id, job_id, conn)
     return False  # a redelivery: the first outcome stands
+
+
+def op_record_outcomes(
+    run_id: str, outcomes: Sequence[tuple[str, str]], conn: sqlite3.Connection
+) -> list[bool]:
+    """MARK_JOB_DONE per (job id, outcome JSON), then one advance by the number newly done.
+
+    Runs inside the call's own transaction or savepoint: raising NotFoundError/WrongRunError
+    for any outcome rolls back every outcome of the batch. A job id twice in one batch is
+    marked by its first occurrence; the second sees it done and is a redelivery.
+    """
+    results: list[bool] = []
+    new = 0
+    mark = conn.execute
+    for job_id, outcome_json in outcomes:
+        if mark(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount == 1:
+            new += 1
+            results.append(True)
+        else:
+            _why_unrecorded(run_id, job_id, conn)
+            results.append(False)
+    if new:
+        conn.execute(ADVANCE_RUN_BY, (new, new, run_id))
+    return results
 
 
 # ---------------------------------------------------------------------------------------------
