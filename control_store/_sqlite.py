@@ -331,21 +331,43 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
 
 # ---------------------------------------------------------------------------------------------
 # The connection's thread. aiosqlite exposes no public way to run a function of ours on its
-# worker thread with the sqlite3 connection; these two private names are the whole of what we
-# rely on, checked here at import and by tests/test_sqlite_backend.py.
+# worker thread with the sqlite3 connection. These private names of aiosqlite.Connection are
+# the whole of what we rely on, checked at connect (check_worker) and by
+# tests/test_sqlite_backend.py, so an aiosqlite that changes them fails loudly, not oddly:
+#   _connection  the sqlite3.Connection, None once closed
+#   _running     False once the worker was told to stop
+#   _tx          the worker's queue of (future, zero-argument function); the worker calls the
+#                function and resolves the future on its loop (call_soon_threadsafe), skipping
+#                a future that is already done (a cancelled caller)
+# We put on _tx ourselves rather than await Connection._execute: that saves a coroutine, a
+# functools.partial and a loop lookup on every call of the hot path.
 
-if not (hasattr(aiosqlite.Connection, "_execute") and hasattr(aiosqlite.Connection, "_conn")):
-    raise ImportError(  # pragma: no cover - a loud failure if aiosqlite changes
-        "control_store needs aiosqlite.Connection._execute and ._conn, which this aiosqlite "
-        f"({aiosqlite.__version__}) lacks; install a version control_store supports"
-    )
+_WORKER_ATTRIBUTES: Final = ("_connection", "_running", "_tx")
 
 
-async def on_thread(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
-    """Run ``fn(sqlite3_connection)`` on ``conn``'s worker thread: one hop."""
-    raw = conn._conn  # raises ValueError("no active connection") once closed
-    # _execute is untyped in aiosqlite; it returns whatever fn returned.
-    return cast(T, await conn._execute(fn, raw))  # type: ignore[no-untyped-call]
+def check_worker(conn: aiosqlite.Connection) -> None:
+    """Fail loudly if this aiosqlite lacks what on_thread relies on."""
+    missing = [name for name in _WORKER_ATTRIBUTES if not hasattr(conn, name)]
+    if missing or not hasattr(getattr(conn, "_tx", None), "put_nowait"):
+        raise ConfigurationError(
+            f"control_store runs its transactions on aiosqlite's worker thread through "
+            f"aiosqlite.Connection.{', .'.join(_WORKER_ATTRIBUTES)}, which this aiosqlite "
+            f"({aiosqlite.__version__}) does not have as expected (missing: {missing or '_tx'}); "
+            "install an aiosqlite version control_store supports (see pyproject.toml)"
+        )
+
+
+def on_thread(conn: aiosqlite.Connection, fn: Callable[[], T]) -> asyncio.Future[T]:
+    """Run ``fn()`` on ``conn``'s worker thread; await the returned future: one hop.
+
+    Raises ValueError("Connection closed") at once if the connection is closed (as aiosqlite
+    does), which translate() turns into StoreClosedError.
+    """
+    if not conn._running or conn._connection is None:
+        raise ValueError("Connection closed")
+    future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+    conn._tx.put_nowait((future, fn))
+    return future
 
 
 # ---------------------------------------------------------------------------------------------
@@ -653,12 +675,19 @@ class SqliteBackend:
     """One aiosqlite connection used as a one-writer pool."""
 
     def __init__(self, conn: aiosqlite.Connection, *, database: str, options: Options) -> None:
+        check_worker(conn)
         self._conn = conn
+        # Ours to use on the worker thread only (inside functions given to on_thread).
+        raw = conn._connection
+        if raw is None:
+            raise StoreClosedError(f"the connection to {database} closed while opening")
+        self._raw: sqlite3.Connection = raw
         self._database = database
         self._busy_timeout = options.busy_timeout
         self._pending: list[tuple[Op[Any], asyncio.Future[Any]]] = []
         self._writing = False
         self._flusher: asyncio.Task[None] | None = None
+        self._idle: asyncio.Future[None] | None = None  # close() waits on it while writing
 
     @classmethod
     async def open(cls, url: str | os.PathLike[str], options: Options) -> SqliteBackend:
@@ -668,7 +697,11 @@ class SqliteBackend:
             conn = await aiosqlite.connect(path, isolation_level=None)
         except sqlite3.Error as exc:
             raise translate(exc, database=database, busy_timeout=options.busy_timeout) from exc
-        backend = cls(conn, database=database, options=options)
+        try:
+            backend = cls(conn, database=database, options=options)
+        except BaseException:
+            await conn.close()
+            raise
         try:
             await backend.read(partial(configure, file=path != MEMORY, options=options))
             if options.migrate:
@@ -679,11 +712,19 @@ class SqliteBackend:
         return backend
 
     async def close(self) -> None:
-        while self._flusher is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._flusher)
+        # Let every write in flight or queued commit first: a caller that has been handed to
+        # the group commit gets its result, not a closed connection.
+        while self._writing:
+            self._idle = asyncio.get_running_loop().create_future()
+            await self._idle
+        self._idle = None
         with contextlib.suppress(Exception):
             await self._conn.close()
+
+    def _now_idle(self) -> None:
+        idle = self._idle
+        if idle is not None and not idle.done():
+            idle.set_result(None)
 
     def migrate_op(self, conn: sqlite3.Connection) -> list[int]:
         return migrate(conn, database=self._database)
@@ -697,7 +738,7 @@ class SqliteBackend:
     async def read(self, op: Op[T]) -> T:
         """Run ``op`` on the worker thread outside any explicit transaction: one hop."""
         try:
-            return await on_thread(self._conn, op)
+            return await on_thread(self._conn, partial(op, self._raw))
         except Exception as exc:
             raise self._translate(exc) from exc
 
@@ -711,13 +752,15 @@ class SqliteBackend:
         # queue up for one group transaction after this one.
         self._writing = True
         try:
-            ((ok, value),) = await on_thread(self._conn, partial(self._transact, [op]))
+            ok, value = await on_thread(self._conn, partial(self._transact_one, op))
         except Exception as exc:
             raise self._translate(exc) from exc
         finally:
             self._writing = False
             if self._pending:
                 self._start_flusher()
+            elif self._idle is not None:
+                self._now_idle()
         if ok:
             return cast(T, value)
         raise value
@@ -727,6 +770,7 @@ class SqliteBackend:
         self._flusher = asyncio.get_running_loop().create_task(self._flush())
 
     async def _flush(self) -> None:
+        batch: list[tuple[Op[Any], asyncio.Future[Any]]] = []
         try:
             while self._pending:
                 # A caller cancelled before its turn is dropped: its call takes no effect.
@@ -748,49 +792,79 @@ class SqliteBackend:
                             fut.set_result(value)
                         else:
                             fut.set_exception(value)
+            batch = []
         finally:
             self._writing = False
             self._flusher = None
-            for _, fut in self._pending:  # only if this task itself was cancelled
+            self._now_idle()
+            # Only if this task itself was cancelled (the event loop shutting down): callers
+            # still waiting must not hang. A batch already on the thread may have committed.
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(
+                        StoreClosedError(
+                            f"the store for {self._database} stopped writing while this call "
+                            "was in flight (its event loop is shutting down); the write may "
+                            "have committed: check before retrying"
+                        )
+                    )
+            for _, fut in self._pending:
                 if not fut.done():
                     fut.set_exception(StoreClosedError(f"the store for {self._database} closed"))
             self._pending = []
 
-    def _transact(self, ops: Sequence[Op[Any]], conn: sqlite3.Connection) -> list[tuple[bool, Any]]:
-        """On the thread: run ``ops`` in one BEGIN IMMEDIATE transaction and one commit.
+    def _transact_one(self, op: Op[Any]) -> tuple[bool, Any]:
+        """On the thread: run one op in its own BEGIN IMMEDIATE transaction and commit.
 
-        Returns (True, result) or (False, error) per op. With several ops each runs in its own
-        savepoint, so a failing op rolls back only itself; an error that ends the transaction
-        itself (disk full, I/O) or a failed COMMIT fails every op, none of which took effect.
+        The common case (one caller at a time) with no savepoint: the op's error rolls back the
+        whole transaction, which holds nothing else.
         """
+        conn = self._raw
         try:
             # IMMEDIATE: a deferred transaction that reads then writes gets SQLITE_BUSY at once
             # across processes, ignoring busy_timeout; IMMEDIATE waits for the lock properly.
             conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = op(conn)
+            except BaseException as exc:  # KeyboardInterrupt from a job generator too
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                return (False, self._translate(exc))
+            conn.execute("COMMIT")
+        except Exception as exc:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            return (False, self._translate(exc))
+        return (True, result)
+
+    def _transact(self, ops: Sequence[Op[Any]]) -> list[tuple[bool, Any]]:
+        """On the thread: run ``ops`` in one BEGIN IMMEDIATE transaction and one commit.
+
+        Returns (True, result) or (False, error) per op. Each op runs in its own savepoint, so
+        a failing op rolls back only itself; an error that ends the transaction itself (disk
+        full, I/O) or a failed COMMIT fails every op, none of which took effect.
+        """
+        conn = self._raw
+        try:
+            conn.execute("BEGIN IMMEDIATE")  # IMMEDIATE: see _transact_one
         except sqlite3.Error as exc:
             return [(False, self._translate(exc)) for _ in ops]
         results: list[tuple[bool, Any]] = []
         try:
-            if len(ops) == 1:
-                results.append(self._attempt(ops[0], conn))
-                if not results[0][0]:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    return results
-            else:
-                for op in ops:
-                    conn.execute("SAVEPOINT group_commit")
-                    result = self._attempt(op, conn)
-                    if not conn.in_transaction:
-                        # The error rolled back the whole transaction: nothing here committed.
-                        # Each caller gets its own error instance, translated afresh.
-                        error = result[1]
-                        cause = error.__cause__ or error
-                        return [(False, self._translate(cause)) for _ in ops]
-                    if not result[0]:
-                        conn.execute("ROLLBACK TO group_commit")
-                    conn.execute("RELEASE group_commit")
-                    results.append(result)
+            for op in ops:
+                conn.execute("SAVEPOINT group_commit")
+                result = self._attempt(op, conn)
+                if not conn.in_transaction:
+                    # The error rolled back the whole transaction: nothing here committed.
+                    # Each caller gets its own error instance, translated afresh.
+                    error = result[1]
+                    cause = error.__cause__ or error
+                    return [(False, self._translate(cause)) for _ in ops]
+                if not result[0]:
+                    conn.execute("ROLLBACK TO group_commit")
+                conn.execute("RELEASE group_commit")
+                results.append(result)
             conn.execute("COMMIT")
         except Exception as exc:
             if conn.in_transaction:
@@ -802,5 +876,5 @@ class SqliteBackend:
     def _attempt(self, op: Op[Any], conn: sqlite3.Connection) -> tuple[bool, Any]:
         try:
             return (True, op(conn))
-        except Exception as exc:
-            return (False, self._translate(exc))
+        except BaseException as exc:  # KeyboardInterrupt from a job generator too: the caller
+            return (False, self._translate(exc))  # gets it; the savepoint is rolled back
