@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, NoReturn, TypeVar, cast
 
 import aiosqlite
 
@@ -67,10 +67,11 @@ SELECT_JOBS_OF_RUN: Final = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE run_id = ? O
 # subquery and the update run under the write lock that BEGIN IMMEDIATE took. idx_runs_status
 # serves the subquery (status, created_at, then the implicit rowid for ties in insertion order).
 # RETURNING keeps the lock and reports rowcount 0 until every row is fetched: fetch all at once.
+# By rowid, which the index carries, rather than id: no second lookup in the id index.
 CLAIM_NEXT_RUN: Final = f"""
 UPDATE runs SET status = 'running'
-WHERE id = (
-    SELECT id FROM runs WHERE status = 'queued' ORDER BY created_at, rowid LIMIT 1
+WHERE rowid = (
+    SELECT rowid FROM runs WHERE status = 'queued' ORDER BY created_at, rowid LIMIT 1
 )
 RETURNING {_RUN_COLUMNS}
 """
@@ -81,8 +82,8 @@ RETURNING {_RUN_COLUMNS}
 # (created_at, rowid), the subquery's order.
 CLAIM_RUNS: Final = f"""
 UPDATE runs SET status = 'running'
-WHERE id IN (
-    SELECT id FROM runs WHERE status = 'queued' ORDER BY created_at, rowid LIMIT ?
+WHERE rowid IN (
+    SELECT rowid FROM runs WHERE status = 'queued' ORDER BY created_at, rowid LIMIT ?
 )
 RETURNING rowid, {_RUN_COLUMNS}
 """
@@ -735,15 +736,38 @@ class SqliteBackend:
     def _translate(self, exc: BaseException) -> BaseException:
         return translate(exc, database=self._database, busy_timeout=self._busy_timeout)
 
-    async def read(self, op: Op[T]) -> T:
-        """Run ``op`` on the worker thread outside any explicit transaction: one hop."""
-        try:
-            return await on_thread(self._conn, partial(op, self._raw))
-        except Exception as exc:
-            raise self._translate(exc) from exc
+    def _raise(self, exc: BaseException) -> NoReturn:
+        error = self._translate(exc)
+        if error is exc:
+            raise exc
+        raise error from exc
 
-    async def write(self, op: Op[T]) -> T:
-        """Run ``op`` in a write transaction, grouped with any writes waiting meanwhile."""
+    def read(self, op: Op[T]) -> asyncio.Future[T]:
+        """Run ``op`` on the worker thread outside any explicit transaction; await the result.
+
+        One hop, and no coroutine of ours on the hot path: errors are translated on the
+        worker thread (_run_read), so the future already carries the ControlError.
+        """
+        try:
+            return on_thread(self._conn, partial(self._run_read, op))
+        except Exception as exc:  # the connection is closed
+            self._raise(exc)
+
+    def _run_read(self, op: Op[T]) -> T:
+        try:
+            return op(self._raw)
+        except Exception as exc:
+            self._raise(exc)
+
+    async def write(self, op: Op[T], *, one_statement: bool = False) -> T:
+        """Run ``op`` in a write transaction, grouped with any writes waiting meanwhile.
+
+        ``one_statement``: ``op`` runs exactly one write statement. Alone, it then runs in
+        SQLite's implicit per-statement transaction, which saves the BEGIN IMMEDIATE and COMMIT
+        round of statements and is just as safe: a write statement takes the write lock before
+        it reads anything, and SQLite retries that lock through the busy handler
+        (busy_timeout) when it starts the transaction itself, as BEGIN IMMEDIATE does.
+        """
         if self._writing:
             future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
             self._pending.append((op, future))
@@ -752,9 +776,10 @@ class SqliteBackend:
         # queue up for one group transaction after this one.
         self._writing = True
         try:
-            ok, value = await on_thread(self._conn, partial(self._transact_one, op))
+            alone = self._autocommit_one if one_statement else self._transact_one
+            ok, value = await on_thread(self._conn, partial(alone, op))
         except Exception as exc:
-            raise self._translate(exc) from exc
+            self._raise(exc)
         finally:
             self._writing = False
             if self._pending:
@@ -812,6 +837,13 @@ class SqliteBackend:
                 if not fut.done():
                     fut.set_exception(StoreClosedError(f"the store for {self._database} closed"))
             self._pending = []
+
+    def _autocommit_one(self, op: Op[Any]) -> tuple[bool, Any]:
+        """On the thread: run a one-statement op in SQLite's implicit transaction."""
+        try:
+            return (True, op(self._raw))
+        except BaseException as exc:  # the statement rolled itself back
+            return (False, self._translate(exc))
 
     def _transact_one(self, op: Op[Any]) -> tuple[bool, Any]:
         """On the thread: run one op in its own BEGIN IMMEDIATE transaction and commit.

@@ -121,13 +121,13 @@ class Store:
         """Store a new run. A run with the same id is refused (``AlreadyExistsError``)."""
         backend = self._open()
         params = _codec.run_params(run)
-        await backend.write(lambda conn: _sqlite.op_insert_run(params, conn))
+        await backend.write(partial(_sqlite.op_insert_run, params), one_statement=True)
 
     async def get_run(self, run_id: uuid.UUID) -> Run | None:
         """The run with this id, or None."""
         backend = self._open()
         key = _id(run_id, what="run_id")
-        return await backend.read(lambda conn: _sqlite.op_get_run(key, conn))
+        return await backend.read(partial(_sqlite.op_get_run, key))
 
     async def insert_jobs(self, jobs: Iterable[Job]) -> None:
         """Store jobs in one transaction: all of them, or none on any error.
@@ -147,7 +147,7 @@ class Store:
         """The job with this id, or None."""
         backend = self._open()
         key = _id(job_id, what="job_id")
-        return await backend.read(lambda conn: _sqlite.op_get_job(key, conn))
+        return await backend.read(partial(_sqlite.op_get_job, key))
 
     async def list_jobs(self, run_id: uuid.UUID) -> list[Job]:
         """The jobs of a run, in the order they were inserted (empty if there are none)."""
@@ -161,7 +161,7 @@ class Store:
         No two claimers, in this process or any other on the same database, get the same run.
         """
         backend = self._open()
-        return await backend.write(_sqlite.op_claim_next_run)
+        return await backend.write(_sqlite.op_claim_next_run, one_statement=True)
 
     async def record_job_outcome(self, run_id: uuid.UUID, outcome: JobOutcome) -> bool:
         """Record a job's outcome once; True if newly recorded, False for a redelivery.
@@ -175,9 +175,7 @@ class Store:
         run_key = _id(run_id, what="run_id")
         payload = _codec.outcome_json(outcome)
         job_key = str(outcome.job_id)
-        return await backend.write(
-            lambda conn: _sqlite.op_record_outcome(run_key, job_key, payload, conn)
-        )
+        return await backend.write(partial(_sqlite.op_record_outcome, run_key, job_key, payload))
 
     async def claim_runs(self, limit: int) -> list[Run]:
         """Atomically move up to ``limit`` of the oldest queued runs to running; oldest first.
@@ -191,7 +189,7 @@ class Store:
                 f"limit must be an int from 1 to {_INT64_MAX}, got {limit!r}; "
                 "use claim_next_run() for a single run"
             )
-        return await backend.write(partial(_sqlite.op_claim_runs, limit))
+        return await backend.write(partial(_sqlite.op_claim_runs, limit), one_statement=True)
 
     async def record_job_outcomes(
         self, run_id: uuid.UUID, outcomes: Iterable[JobOutcome]

@@ -121,18 +121,37 @@ def test_check_worker_names_what_is_missing() -> None:
         _sqlite.check_worker(Changed())  # type: ignore[arg-type]
 
 
-async def test_each_call_is_one_transaction_and_one_commit(store: Store) -> None:
-    """A lone write runs BEGIN IMMEDIATE, its statements and one COMMIT; a read commits none."""
+async def test_a_lone_write_is_one_transaction_and_one_commit(store: Store) -> None:
+    """A lone record runs BEGIN IMMEDIATE, its two statements and one COMMIT."""
+    run = make_run()
+    jobs = make_jobs(run)
+    await store.insert_run(run)
+    await store.insert_jobs(jobs)
+    trace = await count_commits(store)
+    assert await store.record_job_outcome(run.id, JobOutcome(jobs[0].id))
+    assert len(trace) == 4
+    assert trace[0] == "BEGIN IMMEDIATE"
+    assert trace[1].lstrip().startswith("UPDATE jobs SET status = 'done'")
+    assert trace[2].lstrip().startswith("UPDATE runs")
+    assert trace[3] == "COMMIT"
+
+
+async def test_a_lone_one_statement_write_is_that_statement_alone(store: Store) -> None:
+    """insert_run and claims run as one statement in SQLite's implicit transaction; reads too."""
     run = make_run()
     trace = await count_commits(store)
     await store.insert_run(run)
-    assert len(trace) == 3
-    assert trace[0] == "BEGIN IMMEDIATE"
-    assert trace[1].startswith(f"INSERT INTO runs ({_sqlite._RUN_COLUMNS}) VALUES ('{run.id}'")
-    assert trace[2] == "COMMIT"
+    assert len(trace) == 1
+    assert trace[0].startswith(f"INSERT INTO runs ({_sqlite._RUN_COLUMNS}) VALUES ('{run.id}'")
+    trace.clear()
+    claimed = await store.claim_next_run()
+    assert claimed is not None
+    assert len(trace) == 1
+    assert trace[0].lstrip().startswith("UPDATE runs SET status = 'running'")
     trace.clear()
     await store.get_run(run.id)
-    assert commits(trace) == 0
+    assert len(trace) == 1
+    assert trace[0].startswith("SELECT")
 
 
 # --- group commit ---------------------------------------------------------------------------
