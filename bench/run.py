@@ -16,7 +16,8 @@ taken seconds apart on this noisy machine. Baselines:
 - no-op: `await aiosqlite.Connection._execute(f)` with f doing nothing: one round trip to
   aiosqlite's worker thread, the floor under any single call.
 
-Peak RSS growth for 1M generated jobs is measured in a fresh child process (ru_maxrss).
+Peak RSS growth for 1M generated jobs is measured in a fresh child process: VmRSS before the
+call, then the peak (VmHWM, reset through /proc/self/clear_refs just before) during it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import contextlib
 import json
 import os
 import platform
-import resource
 import shutil
 import sqlite3
 import statistics
@@ -37,7 +37,6 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -203,201 +202,176 @@ def raw_job_row(job: Job) -> tuple[str, str, str, str, int, None]:
 # Workloads: each returns (library, baseline) segment functions for a setting
 
 
+@dataclass
+class Side:
+    """One side of a pair: units of work, run a chunk at a time; ops counted per unit."""
+
+    units: list[Any]
+    chunk: Callable[[list[Any]], Awaitable[None]]
+    close: Callable[[], Awaitable[None]]
+    ops_per_unit: int = 1
+
+
+async def measure(lib: Side, base: Side, chunk: int) -> tuple[float, float]:
+    """Run both sides in alternating chunks (which goes first alternates too): ops/s each.
+
+    Chunks of a few dozen calls interleave the two sides finely, so a change in the shared
+    machine's load hits both alike instead of skewing their ratio.
+    """
+    assert len(lib.units) == len(base.units)
+    spent = {id(lib): 0.0, id(base): 0.0}
+    try:
+        for n, start in enumerate(range(0, len(lib.units), chunk)):
+            for side in (lib, base) if n % 2 == 0 else (base, lib):
+                units = side.units[start : start + chunk]
+                began = time.perf_counter()
+                await side.chunk(units)
+                spent[id(side)] += time.perf_counter() - began
+    finally:
+        await lib.close()
+        await base.close()
+    return (
+        len(lib.units) * lib.ops_per_unit / spent[id(lib)],
+        len(base.units) * base.ops_per_unit / spent[id(base)],
+    )
+
+
+async def _done() -> None:
+    return None
+
+
 class Bench:
+    """Builds the two sides of each workload on fresh databases of a setting."""
+
     def __init__(self, dbs: Databases, noop_conn: aiosqlite.Connection) -> None:
         self.dbs = dbs
         self.noop_conn = noop_conn
 
-    async def noop(self, n: int) -> tuple[int, float]:
+    def noop(self, n: int) -> Side:
         conn = self.noop_conn
         nothing = _nothing
-        started = time.perf_counter()
-        for _ in range(n):
-            await conn._execute(nothing)  # type: ignore[no-untyped-call]
-        return n, time.perf_counter() - started
 
-    # --- single calls, one task ---
+        async def chunk(units: list[Any]) -> None:
+            for _ in units:
+                await conn._execute(nothing)  # type: ignore[no-untyped-call]
 
-    async def lib_claim(self, s: Setting) -> tuple[int, float]:
+        return Side(list(range(n)), chunk, _done)
+
+    async def store(self, s: Setting, runs: list[Run], jobs: list[Job]) -> Store:
         store = await self.dbs.store(s)
-        await setup_store(store, make_runs(s.single), [])
-        started = time.perf_counter()
-        for _ in range(s.single):
-            assert await store.claim_next_run() is not None
-        elapsed = time.perf_counter() - started
-        await store.close()
-        return s.single, elapsed
+        try:
+            await setup_store(store, runs, jobs)
+        except BaseException:
+            await store.close()  # an open aiosqlite thread would keep the process alive
+            raise
+        return store
 
-    async def raw_claim(self, s: Setting) -> tuple[int, float]:
+    def raw(self, s: Setting, runs: list[Run], jobs: list[Job]) -> sqlite3.Connection:
         conn = self.dbs.raw(s)
-        setup_raw(conn, make_runs(s.single), [])
-        claim = partial(conn.execute, _sqlite.CLAIM_NEXT_RUN)
-        started = time.perf_counter()
-        for _ in range(s.single):
-            # One statement in SQLite's implicit transaction, as the library runs it alone.
-            assert claim().fetchall()
-        elapsed = time.perf_counter() - started
-        conn.close()
-        return s.single, elapsed
+        setup_raw(conn, runs, jobs)
+        return conn
 
-    async def lib_record(self, s: Setting, tasks: int = 1) -> tuple[int, float]:
-        n = s.single if tasks == 1 else s.single * 2
-        store = await self.dbs.store(s)
+    @staticmethod
+    def closer(conn: sqlite3.Connection) -> Callable[[], Awaitable[None]]:
+        async def close() -> None:
+            conn.close()
+
+        return close
+
+    # --- single calls from one task ---
+
+    async def lib_single(self, s: Setting, what: str, n: int) -> Side:
+        runs = make_runs(n, job_count=n if what == "record_job_outcome" else 1)
+        jobs = [make_jobs(run, 1)[0] for run in runs]
+        if what == "record_job_outcome":
+            jobs = make_jobs(runs[0], n)
+        empty = what == "insert_run"
+        store = await self.store(s, [] if empty else runs, [] if empty else jobs)
+        run_id = runs[0].id
+
+        async def chunk(units: list[Any]) -> None:
+            if what == "insert_run":
+                for run in units:
+                    await store.insert_run(run)
+            elif what == "get_run":
+                for run in units:
+                    assert await store.get_run(run.id) is not None
+            elif what == "get_job":
+                for job in units:
+                    assert await store.get_job(job.id) is not None
+            elif what == "claim_next_run":
+                for _ in units:
+                    assert await store.claim_next_run() is not None
+            else:
+                for outcome in units:
+                    assert await store.record_job_outcome(run_id, outcome)
+
+        units: list[Any] = runs
+        if what == "get_job":
+            units = jobs
+        elif what == "record_job_outcome":
+            units = [JobOutcome(job.id, score=1.0) for job in jobs]
+        return Side(units, chunk, store.close)
+
+    async def raw_single(self, s: Setting, what: str, n: int) -> Side:
+        runs = make_runs(n, job_count=n if what == "record_job_outcome" else 1)
+        jobs = [make_jobs(run, 1)[0] for run in runs]
+        if what == "record_job_outcome":
+            jobs = make_jobs(runs[0], n)
+        empty = what == "insert_run"
+        conn = self.raw(s, [] if empty else runs, [] if empty else jobs)
+        run_id = str(runs[0].id)
+        execute = conn.execute
+
+        async def chunk(units: list[Any]) -> None:
+            if what == "insert_run":
+                for run in units:
+                    execute(_sqlite.INSERT_RUN, _codec.run_params(run))  # one statement
+            elif what == "get_run":
+                for run in units:
+                    assert execute(_sqlite.SELECT_RUN, (str(run.id),)).fetchone()
+            elif what == "get_job":
+                for job in units:
+                    assert execute(_sqlite.SELECT_JOB, (str(job.id),)).fetchone()
+            elif what == "claim_next_run":
+                for _ in units:
+                    # One statement in SQLite's implicit transaction, as the library runs it.
+                    assert execute(_sqlite.CLAIM_NEXT_RUN).fetchall()
+            else:
+                for outcome in units:
+                    assert raw_record(conn, run_id, outcome)
+
+        units: list[Any] = runs
+        if what == "get_job":
+            units = jobs
+        elif what == "record_job_outcome":
+            units = [JobOutcome(job.id, score=1.0) for job in jobs]
+        return Side(units, chunk, self.closer(conn))
+
+    # --- concurrent records: `tasks` tasks share each chunk ---
+
+    async def lib_concurrent(self, s: Setting, n: int, tasks: int) -> Side:
         (run,) = make_runs(1, job_count=n)
         jobs = make_jobs(run, n)
-        await setup_store(store, [run], jobs)
-        outcomes = [JobOutcome(job.id, score=1.0) for job in jobs]
+        store = await self.store(s, [run], jobs)
 
         async def worker(part: list[JobOutcome]) -> None:
             for outcome in part:
                 assert await store.record_job_outcome(run.id, outcome)
 
-        started = time.perf_counter()
-        if tasks == 1:
-            await worker(outcomes)
-        else:
-            await asyncio.gather(*(worker(outcomes[i::tasks]) for i in range(tasks)))
-        elapsed = time.perf_counter() - started
-        await store.close()
-        return n, elapsed
+        async def chunk(units: list[Any]) -> None:
+            await asyncio.gather(*(worker(units[i::tasks]) for i in range(tasks)))
 
-    async def raw_record(self, s: Setting) -> tuple[int, float]:
-        conn = self.dbs.raw(s)
-        (run,) = make_runs(1, job_count=s.single)
-        jobs = make_jobs(run, s.single)
-        setup_raw(conn, [run], jobs)
-        outcomes = [JobOutcome(job.id, score=1.0) for job in jobs]
-        run_id = str(run.id)
-        started = time.perf_counter()
-        for outcome in outcomes:
-            assert raw_record(conn, run_id, outcome)
-        elapsed = time.perf_counter() - started
-        conn.close()
-        return s.single, elapsed
+        return Side([JobOutcome(j.id, score=1.0) for j in jobs], chunk, store.close)
 
-    async def lib_single(self, s: Setting, what: str) -> tuple[int, float]:
-        """insert_run, get_run, get_job from one task."""
-        store = await self.dbs.store(s)
-        runs = make_runs(s.single)
-        jobs = [make_jobs(run, 1)[0] for run in runs]
-        if what != "insert_run":
-            await setup_store(store, runs, jobs)
-        started = time.perf_counter()
-        if what == "insert_run":
-            for run in runs:
-                await store.insert_run(run)
-        elif what == "get_run":
-            for run in runs:
-                assert await store.get_run(run.id) is not None
-        else:
-            for job in jobs:
-                assert await store.get_job(job.id) is not None
-        elapsed = time.perf_counter() - started
-        await store.close()
-        return s.single, elapsed
+    async def raw_record_side(self, s: Setting, n: int) -> Side:
+        return await self.raw_single(s, "record_job_outcome", n)
 
-    async def raw_single(self, s: Setting, what: str) -> tuple[int, float]:
-        conn = self.dbs.raw(s)
-        runs = make_runs(s.single)
-        jobs = [make_jobs(run, 1)[0] for run in runs]
-        if what != "insert_run":
-            setup_raw(conn, runs, jobs)
-        started = time.perf_counter()
-        if what == "insert_run":
-            for run in runs:
-                conn.execute(_sqlite.INSERT_RUN, _codec.run_params(run))  # one statement
-        elif what == "get_run":
-            for run in runs:
-                assert conn.execute(_sqlite.SELECT_RUN, (str(run.id),)).fetchone()
-        else:
-            for job in jobs:
-                assert conn.execute(_sqlite.SELECT_JOB, (str(job.id),)).fetchone()
-        elapsed = time.perf_counter() - started
-        conn.close()
-        return s.single, elapsed
-
-    # --- batches ---
-
-    async def lib_claim_runs(self, s: Setting) -> tuple[int, float]:
-        n = s.batch_runs * 64
-        store = await self.dbs.store(s)
-        await setup_store(store, make_runs(n), [])
-        started = time.perf_counter()
-        for _ in range(s.batch_runs):
-            assert len(await store.claim_runs(64)) == 64
-        elapsed = time.perf_counter() - started
-        await store.close()
-        return n, elapsed
-
-    async def raw_claim_runs(self, s: Setting) -> tuple[int, float]:
-        n = s.batch_runs * 64
-        conn = self.dbs.raw(s)
-        setup_raw(conn, make_runs(n), [])
-        started = time.perf_counter()
-        for _ in range(s.batch_runs):
-            assert len(raw_claim_runs(conn, 64)) == 64
-        elapsed = time.perf_counter() - started
-        conn.close()
-        return n, elapsed
-
-    async def lib_record_many(self, s: Setting) -> tuple[int, float]:
-        n = s.batch_runs * 64
-        store = await self.dbs.store(s)
-        (run,) = make_runs(1, job_count=n)
-        jobs = make_jobs(run, n)
-        await setup_store(store, [run], jobs)
-        outcomes = [JobOutcome(job.id, score=1.0) for job in jobs]
-        started = time.perf_counter()
-        for i in range(0, n, 64):
-            assert all(await store.record_job_outcomes(run.id, outcomes[i : i + 64]))
-        elapsed = time.perf_counter() - started
-        await store.close()
-        return n, elapsed
-
-    async def raw_record_many(self, s: Setting) -> tuple[int, float]:
-        n = s.batch_runs * 64
-        conn = self.dbs.raw(s)
-        (run,) = make_runs(1, job_count=n)
-        jobs = make_jobs(run, n)
-        setup_raw(conn, [run], jobs)
-        outcomes = [JobOutcome(job.id, score=1.0) for job in jobs]
-        run_id = str(run.id)
-        started = time.perf_counter()
-        for i in range(0, n, 64):
-            assert raw_record_many(conn, run_id, outcomes[i : i + 64]) == 64
-        elapsed = time.perf_counter() - started
-        conn.close()
-        return n, elapsed
-
-    async def lib_insert_jobs(self, s: Setting, n: int) -> tuple[int, float]:
-        store = await self.dbs.store(s)
-        (run,) = make_runs(1, job_count=n)
-        await store.insert_run(run)
-        jobs = make_jobs(run, n)
-        started = time.perf_counter()
-        await store.insert_jobs(jobs)
-        elapsed = time.perf_counter() - started
-        await store.close()
-        return n, elapsed
-
-    async def raw_insert_jobs(self, s: Setting, n: int) -> tuple[int, float]:
-        conn = self.dbs.raw(s)
-        (run,) = make_runs(1, job_count=n)
-        setup_raw(conn, [run], [])
-        jobs = make_jobs(run, n)
-        started = time.perf_counter()
-        raw_tx(conn, lambda: conn.executemany(_sqlite.INSERT_JOB, map(raw_job_row, jobs)))
-        elapsed = time.perf_counter() - started
-        conn.close()
-        return n, elapsed
-
-    async def lib_claim_record(self, s: Setting, tasks: int) -> tuple[int, float]:
+    async def lib_claim_record(self, s: Setting, n: int, tasks: int) -> Side:
         """Peer workload: per item, claim a run and record its one job's outcome."""
-        n = s.single if tasks == 1 else s.single * 2
-        store = await self.dbs.store(s)
         runs = make_runs(n)
         jobs = [make_jobs(run, 1)[0] for run in runs]
-        await setup_store(store, runs, jobs)
+        store = await self.store(s, runs, jobs)
         job_of = {job.run_id: job.id for job in jobs}
 
         async def worker(count: int) -> None:
@@ -406,11 +380,84 @@ class Bench:
                 assert run is not None
                 assert await store.record_job_outcome(run.id, JobOutcome(job_of[run.id]))
 
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(n // tasks) for _ in range(tasks)))
-        elapsed = time.perf_counter() - started
-        await store.close()
-        return n // tasks * tasks, elapsed
+        async def chunk(units: list[Any]) -> None:
+            share, extra = divmod(len(units), tasks)
+            await asyncio.gather(*(worker(share + (i < extra)) for i in range(tasks)))
+
+        return Side(list(range(n)), chunk, store.close)
+
+    # --- batches: one unit is one call of 64 ---
+
+    async def lib_claim_runs(self, s: Setting, calls: int) -> Side:
+        store = await self.store(s, make_runs(calls * 64), [])
+
+        async def chunk(units: list[Any]) -> None:
+            for _ in units:
+                assert len(await store.claim_runs(64)) == 64
+
+        return Side(list(range(calls)), chunk, store.close, 64)
+
+    async def raw_claim_runs(self, s: Setting, calls: int) -> Side:
+        conn = self.raw(s, make_runs(calls * 64), [])
+
+        async def chunk(units: list[Any]) -> None:
+            for _ in units:
+                assert len(raw_claim_runs(conn, 64)) == 64
+
+        return Side(list(range(calls)), chunk, self.closer(conn), 64)
+
+    async def lib_record_many(self, s: Setting, calls: int) -> Side:
+        (run,) = make_runs(1, job_count=calls * 64)
+        jobs = make_jobs(run, calls * 64)
+        store = await self.store(s, [run], jobs)
+        outcomes = [JobOutcome(job.id, score=1.0) for job in jobs]
+        batches = [outcomes[i : i + 64] for i in range(0, len(outcomes), 64)]
+
+        async def chunk(units: list[Any]) -> None:
+            for batch in units:
+                assert all(await store.record_job_outcomes(run.id, batch))
+
+        return Side(batches, chunk, store.close, 64)
+
+    async def raw_record_many(self, s: Setting, calls: int) -> Side:
+        (run,) = make_runs(1, job_count=calls * 64)
+        jobs = make_jobs(run, calls * 64)
+        conn = self.raw(s, [run], jobs)
+        outcomes = [JobOutcome(job.id, score=1.0) for job in jobs]
+        batches = [outcomes[i : i + 64] for i in range(0, len(outcomes), 64)]
+        run_id = str(run.id)
+
+        async def chunk(units: list[Any]) -> None:
+            for batch in units:
+                assert raw_record_many(conn, run_id, batch) == 64
+
+        return Side(batches, chunk, self.closer(conn), 64)
+
+    # --- insert_jobs: one unit is one call of n jobs ---
+
+    async def lib_insert_jobs(self, s: Setting, n: int, calls: int) -> Side:
+        runs = make_runs(calls, job_count=n)
+        store = await self.store(s, runs, [])
+        units = [make_jobs(run, n) for run in runs]
+
+        async def chunk(units: list[Any]) -> None:
+            for jobs in units:
+                await store.insert_jobs(jobs)
+
+        return Side(units, chunk, store.close, n)
+
+    async def raw_insert_jobs(self, s: Setting, n: int, calls: int) -> Side:
+        runs = make_runs(calls, job_count=n)
+        conn = self.raw(s, runs, [])
+        units = [make_jobs(run, n) for run in runs]
+
+        async def chunk(units: list[Any]) -> None:
+            for jobs in units:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.executemany(_sqlite.INSERT_JOB, map(raw_job_row, jobs))
+                conn.execute("COMMIT")
+
+        return Side(units, chunk, self.closer(conn), n)
 
 
 def _nothing() -> None:
@@ -500,13 +547,15 @@ def rss_child(path: str, n: int) -> None:
         warm = Run("warm.yaml", ["m"], 1, 10)
         await store.insert_run(warm)
         await store.insert_jobs(make_jobs(warm, 10))  # import and cache everything first
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        before = _status_kib("VmRSS")
+        # Reset the peak (VmHWM) to the current RSS, so the peak read after is this call's.
+        _reset_peak()
         spec = EvalJob("model-a", "sample", 0)
         run_id = run.id
         started = time.perf_counter()
         await store.insert_jobs(Job(run_id, spec) for _ in range(n))
         elapsed = time.perf_counter() - started
-        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        after = _status_kib("VmHWM")
         await store.close()
         return {
             "seconds": elapsed,
@@ -515,6 +564,18 @@ def rss_child(path: str, n: int) -> None:
         }
 
     print(json.dumps(asyncio.run(main())))
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise LookupError(field)
 
 
 def measure_rss(root: Path, n: int) -> dict[str, Any]:
@@ -546,88 +607,123 @@ SETTINGS = [
 ]
 
 
+SINGLE_CALLS = ("insert_run", "get_run", "get_job", "claim_next_run", "record_job_outcome")
+
+
 async def run_rounds(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     dbs = Databases(root)
     noop_conn = await aiosqlite.connect(":memory:", isolation_level=None)
-    bench = Bench(dbs, noop_conn)
-    rows: dict[tuple[str, str], Row] = {}
+    try:
+        return await _run_rounds(args, dbs, Bench(dbs, noop_conn))
+    finally:
+        await noop_conn.close()
 
-    def row(setting: str, workload: str, baseline: str, target: float | None) -> Row:
-        key = (setting, workload)
+
+async def _run_rounds(args: argparse.Namespace, dbs: Databases, bench: Bench) -> dict[str, Any]:
+    rows: dict[tuple[str, str, str], Row] = {}
+
+    async def pair(
+        setting: str,
+        workload: str,
+        baseline: str,
+        target: float | None,
+        lib: Awaitable[Side],
+        base: Awaitable[Side],
+        chunk: int,
+    ) -> None:
+        key = (setting, workload, baseline)
         if key not in rows:
             rows[key] = Row(setting, workload, baseline, target)
-        return rows[key]
-
-    async def pair(r: Row, lib: Timed, base: Timed) -> None:
-        # Alternate which side goes first, so neither always runs on a warmer machine.
-        order = [lib, base] if len(r.lib) % 2 == 0 else [base, lib]
-        results = {}
-        for fn in order:
-            results[fn] = await fn()
-            dbs.clean()
-        n, t = results[lib]
-        r.lib.append(n / t)
-        n, t = results[base]
-        r.base.append(n / t)
+        lib_rate, base_rate = await measure(await lib, await base, chunk)
+        rows[key].lib.append(lib_rate)
+        rows[key].base.append(base_rate)
+        dbs.clean()
 
     for round_number in range(args.rounds):
         print(f"round {round_number + 1}/{args.rounds}", file=sys.stderr, flush=True)
         for s in SETTINGS:
-            noop = partial(bench.noop, s.single)
+            n = s.single
             mem = not s.file
-            single_target = 0.8 if mem else None
-            for what in ("insert_run", "get_run", "get_job"):
+            for what in (
+                "insert_run",
+                "get_run",
+                "get_job",
+                "claim_next_run",
+                "record_job_outcome",
+            ):
                 await pair(
-                    row(s.name, what, "no-op", single_target),
-                    partial(bench.lib_single, s, what),
-                    noop,
+                    s.name,
+                    what,
+                    "aiosqlite no-op",
+                    0.8 if mem else None,
+                    bench.lib_single(s, what, n),
+                    _ready(bench.noop(n)),
+                    50,
                 )
-            await pair(
-                row(s.name, "claim_next_run", "no-op", single_target),
-                partial(bench.lib_claim, s),
-                noop,
-            )
-            await pair(
-                row(s.name, "record_job_outcome", "no-op", single_target),
-                partial(bench.lib_record, s),
-                noop,
-            )
-            await pair(
-                row(s.name, "claim_next_run", "raw", None),
-                partial(bench.lib_claim, s),
-                partial(bench.raw_claim, s),
-            )
-            for tasks in (1, 8, 64):
+                if what in ("claim_next_run", "record_job_outcome"):
+                    await pair(
+                        s.name,
+                        what,
+                        "raw sqlite3",
+                        None,
+                        bench.lib_single(s, what, n),
+                        bench.raw_single(s, what, n),
+                        50,
+                    )
+            for tasks in (8, 64):
                 target = 1.0 if (tasks == 64 and s.name == "WAL FULL") else None
                 await pair(
-                    row(s.name, f"record_job_outcome x{tasks} tasks", "raw 1/commit", target),
-                    partial(bench.lib_record, s, tasks),
-                    partial(bench.raw_record, s),
+                    s.name,
+                    f"record_job_outcome x{tasks} tasks",
+                    "raw, 1 record/commit",
+                    target,
+                    bench.lib_concurrent(s, n * 2, tasks),
+                    bench.raw_record_side(s, n * 2),
+                    256,
                 )
             await pair(
-                row(s.name, "claim_runs(64)", "raw", 0.8),
-                partial(bench.lib_claim_runs, s),
-                partial(bench.raw_claim_runs, s),
+                s.name,
+                "claim_runs(64)",
+                "raw sqlite3",
+                0.8,
+                bench.lib_claim_runs(s, s.batch_runs),
+                bench.raw_claim_runs(s, s.batch_runs),
+                4,
             )
             await pair(
-                row(s.name, "record_job_outcomes(64)", "raw", 0.8),
-                partial(bench.lib_record_many, s),
-                partial(bench.raw_record_many, s),
+                s.name,
+                "record_job_outcomes(64)",
+                "raw sqlite3",
+                0.8,
+                bench.lib_record_many(s, s.batch_runs),
+                bench.raw_record_many(s, s.batch_runs),
+                4,
             )
             await pair(
-                row(s.name, f"insert_jobs({args.insert_jobs // 1000}k)", "raw executemany", 0.9),
-                partial(bench.lib_insert_jobs, s, args.insert_jobs),
-                partial(bench.raw_insert_jobs, s, args.insert_jobs),
+                s.name,
+                f"insert_jobs({args.insert_jobs // 1000}k)",
+                "raw executemany",
+                0.9,
+                bench.lib_insert_jobs(s, args.insert_jobs, 1),
+                bench.raw_insert_jobs(s, args.insert_jobs, 1),
+                1,
             )
             if s.name == "WAL FULL":
                 for tasks in (1, 64):
                     await pair(
-                        row(s.name, f"claim+record x{tasks} tasks", "raw record 1/commit", None),
-                        partial(bench.lib_claim_record, s, tasks),
-                        partial(bench.raw_record, s),
+                        s.name,
+                        f"claim+record x{tasks} tasks",
+                        "raw, 1 record/commit",
+                        None,
+                        bench.lib_claim_record(s, n, tasks),
+                        bench.raw_record_side(s, n),
+                        128 if tasks > 1 else 25,
                     )
-    await noop_conn.close()
     return {"rows": list(rows.values())}
+
+
+async def _ready(side: Side) -> Side:
+    return side
 
 
 def machine() -> dict[str, Any]:
@@ -649,9 +745,12 @@ def machine() -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--insert-jobs", type=int, default=100_000)
     parser.add_argument("--rss-jobs", type=int, default=1_000_000)
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply the calls per segment (quick runs)"
+    )
     parser.add_argument("--peers", action="store_true", help="add huey, persist-queue, litequeue")
     parser.add_argument("--json", default="bench-results.json")
     parser.add_argument("--rss-child", nargs=2, help=argparse.SUPPRESS)
@@ -660,6 +759,17 @@ def main() -> None:
         rss_child(args.rss_child[0], int(args.rss_child[1]))
         return
 
+    if args.scale != 1.0:
+        SETTINGS[:] = [
+            Setting(
+                s.name,
+                s.file,
+                s.synchronous,
+                max(64, int(s.single * args.scale)),
+                max(4, int(s.batch_runs * args.scale)),
+            )
+            for s in SETTINGS
+        ]
     root = Path(tempfile.mkdtemp(prefix="control-store-bench-"))
     began = time.perf_counter()
     try:

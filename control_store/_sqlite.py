@@ -528,26 +528,28 @@ def op_list_jobs(run_id: str, conn: sqlite3.Connection) -> list[Job]:
 def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
     # executemany pulls one row at a time from the generator, so any iterable streams in
     # bounded memory; `last` is the row being inserted when a constraint fails.
-    last: list[tuple[str, str, str, str, int, str | None]] = []
+    # One slot overwritten per row (no allocation): the 100k-job insert is per-row bound.
+    last: list[tuple[str, str, str, str, int, str | None] | None] = [None]
 
     def rows() -> Iterator[tuple[str, str, str, str, int, str | None]]:
+        job_params = _codec.job_params
         for job in jobs:
-            params = _codec.job_params(job)
-            last[:] = [params]
+            last[0] = params = job_params(job)
             yield params
 
     try:
         cursor = conn.executemany(INSERT_JOB, rows())
     except sqlite3.IntegrityError as exc:
         name = getattr(exc, "sqlite_errorname", "")
-        if last and name == "SQLITE_CONSTRAINT_PRIMARYKEY":
+        failed = last[0]
+        if failed is not None and name == "SQLITE_CONSTRAINT_PRIMARYKEY":
             raise AlreadyExistsError(
-                f"job {last[0][0]} already exists; no job of this call was inserted: drop it "
+                f"job {failed[0]} already exists; no job of this call was inserted: drop it "
                 "from the batch, or give it a fresh id"
             ) from exc
-        if last and name == "SQLITE_CONSTRAINT_FOREIGNKEY":
+        if failed is not None and name == "SQLITE_CONSTRAINT_FOREIGNKEY":
             raise MissingRunError(
-                f"job {last[0][0]} refers to run {last[0][1]}, which does not exist; no job of "
+                f"job {failed[0]} refers to run {failed[1]}, which does not exist; no job of "
                 "this call was inserted: insert the run first"
             ) from exc
         raise
