@@ -497,7 +497,7 @@ def peer_workloads(root: Path, n: int) -> dict[str, Callable[[], tuple[int, floa
         import persistqueue
 
         def persist_queue() -> tuple[int, float]:
-            queue = persistqueue.SQLiteAckQueue(
+            queue: Any = persistqueue.SQLiteAckQueue(  # Any: its connections are untyped
                 str(fresh("persistqueue")), auto_commit=True, multithreading=False
             )
             for conn in (queue._getter, queue._putter):
@@ -517,7 +517,7 @@ def peer_workloads(root: Path, n: int) -> dict[str, Callable[[], tuple[int, floa
         from litequeue import LiteQueue
 
         def litequeue() -> tuple[int, float]:
-            queue = LiteQueue(str(fresh("litequeue") / "q.db"))
+            queue: Any = LiteQueue(str(fresh("litequeue") / "q.db"))  # Any: conn is untyped
             queue.conn.execute("PRAGMA synchronous = FULL")
             for i in range(n):
                 queue.put(f"item {i}")
