@@ -86,3 +86,15 @@ def packaging(session: nox.Session) -> None:
         "assert 'site-packages' in control_store.__file__, control_store.__file__",
     )
     session.run("pytest", *session.posargs)
+
+
+PEERS = ["huey", "persist-queue", "litequeue"]
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The benchmark (bench/run.py); `-- --peers` adds huey, persist-queue and litequeue."""
+    session.install("-e", ".")
+    if "--peers" in session.posargs:
+        session.install(*PEERS)  # only here: they are no dependency of the library or its tests
+    session.run("python", "bench/run.py", *session.posargs)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, NoReturn, TypeVar, cast
 
 import aiosqlite
 
@@ -68,12 +68,25 @@ SELECT_JOBS_OF_RUN: Final = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE run_id = ? O
 # subquery and the update run under the write lock that BEGIN IMMEDIATE took. idx_runs_status
 # serves the subquery (status, created_at, then the implicit rowid for ties in insertion order).
 # RETURNING keeps the lock and reports rowcount 0 until every row is fetched: fetch all at once.
+# By rowid, which the index carries, rather than id: no second lookup in the id index.
 CLAIM_NEXT_RUN: Final = f"""
 UPDATE runs SET status = 'running'
-WHERE id = (
-    SELECT id FROM runs WHERE status = 'queued' ORDER BY created_at, rowid LIMIT 1
+WHERE rowid = (
+    SELECT rowid FROM runs WHERE status = 'queued' ORDER BY created_at, rowid LIMIT 1
 )
 RETURNING {_RUN_COLUMNS}
+"""
+
+# The batch claim: the same guard as CLAIM_NEXT_RUN over the oldest `limit` queued runs, in one
+# statement under one write lock, so a run is never in two claimers' batches. RETURNING gives
+# rows in no promised order: it also returns the rowid, and op_claim_runs sorts by
+# (created_at, rowid), the subquery's order.
+CLAIM_RUNS: Final = f"""
+UPDATE runs SET status = 'running'
+WHERE rowid IN (
+    SELECT rowid FROM runs WHERE status = 'queued' ORDER BY created_at, rowid LIMIT ?
+)
+RETURNING rowid, {_RUN_COLUMNS}
 """
 
 # The record's guard: only a job of this run that is not yet done changes, so a redelivered
@@ -92,6 +105,14 @@ SET done_count = done_count + 1,
 WHERE id = ? AND typeof(done_count) = 'integer' AND typeof(job_count) = 'integer'
 """
 SELECT_RUN_COUNTERS: Final = "SELECT id, job_count, done_count FROM runs WHERE id = ?"
+# The batch record's single advance: `n` newly done jobs of one run move its counter once,
+# with the same guards as ADVANCE_RUN.
+ADVANCE_RUN_BY: Final = """
+UPDATE runs
+SET done_count = done_count + ?,
+    status = CASE WHEN done_count + ? >= job_count THEN 'done' ELSE status END
+WHERE id = ? AND typeof(done_count) = 'integer' AND typeof(job_count) = 'integer'
+"""
 SELECT_RUNS: Final = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY created_at DESC, rowid DESC LIMIT ?"
 SELECT_RUNS_BY_STATUS: Final = (
     f"SELECT {_RUN_COLUMNS} FROM runs WHERE status = ? ORDER BY created_at DESC, rowid DESC LIMIT ?"
@@ -319,21 +340,43 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
 
 # ---------------------------------------------------------------------------------------------
 # The connection's thread. aiosqlite exposes no public way to run a function of ours on its
-# worker thread with the sqlite3 connection; these two private names are the whole of what we
-# rely on, checked here at import and by tests/test_sqlite_backend.py.
+# worker thread with the sqlite3 connection. These private names of aiosqlite.Connection are
+# the whole of what we rely on, checked at connect (check_worker) and by
+# tests/test_sqlite_backend.py, so an aiosqlite that changes them fails loudly, not oddly:
+#   _connection  the sqlite3.Connection, None once closed
+#   _running     False once the worker was told to stop
+#   _tx          the worker's queue of (future, zero-argument function); the worker calls the
+#                function and resolves the future on its loop (call_soon_threadsafe), skipping
+#                a future that is already done (a cancelled caller)
+# We put on _tx ourselves rather than await Connection._execute: that saves a coroutine, a
+# functools.partial and a loop lookup on every call of the hot path.
 
-if not (hasattr(aiosqlite.Connection, "_execute") and hasattr(aiosqlite.Connection, "_conn")):
-    raise ImportError(  # pragma: no cover - a loud failure if aiosqlite changes
-        "control_store needs aiosqlite.Connection._execute and ._conn, which this aiosqlite "
-        f"({aiosqlite.__version__}) lacks; install a version control_store supports"
-    )
+_WORKER_ATTRIBUTES: Final = ("_connection", "_running", "_tx")
 
 
-async def on_thread(conn: aiosqlite.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
-    """Run ``fn(sqlite3_connection)`` on ``conn``'s worker thread: one hop."""
-    raw = conn._conn  # raises ValueError("no active connection") once closed
-    # _execute is untyped in aiosqlite; it returns whatever fn returned.
-    return cast(T, await conn._execute(fn, raw))  # type: ignore[no-untyped-call]
+def check_worker(conn: aiosqlite.Connection) -> None:
+    """Fail loudly if this aiosqlite lacks what on_thread relies on."""
+    missing = [name for name in _WORKER_ATTRIBUTES if not hasattr(conn, name)]
+    if missing or not hasattr(getattr(conn, "_tx", None), "put_nowait"):
+        raise ConfigurationError(
+            f"control_store runs its transactions on aiosqlite's worker thread through "
+            f"aiosqlite.Connection.{', .'.join(_WORKER_ATTRIBUTES)}, which this aiosqlite "
+            f"({aiosqlite.__version__}) does not have as expected (missing: {missing or '_tx'}); "
+            "install an aiosqlite version control_store supports (see pyproject.toml)"
+        )
+
+
+def on_thread(conn: aiosqlite.Connection, fn: Callable[[], T]) -> asyncio.Future[T]:
+    """Run ``fn()`` on ``conn``'s worker thread; await the returned future: one hop.
+
+    Raises ValueError("Connection closed") at once if the connection is closed (as aiosqlite
+    does), which translate() turns into StoreClosedError.
+    """
+    if not conn._running or conn._connection is None:
+        raise ValueError("Connection closed")
+    future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+    conn._tx.put_nowait((future, fn))
+    return future
 
 
 # ---------------------------------------------------------------------------------------------
@@ -552,26 +595,28 @@ def op_list_jobs(run_id: str, conn: sqlite3.Connection) -> list[Job]:
 def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
     # executemany pulls one row at a time from the generator, so any iterable streams in
     # bounded memory; `last` is the row being inserted when a constraint fails.
-    last: list[tuple[str, str, str, str, int, str | None]] = []
+    # One slot overwritten per row (no allocation): the 100k-job insert is per-row bound.
+    last: list[tuple[str, str, str, str, int, str | None] | None] = [None]
 
     def rows() -> Iterator[tuple[str, str, str, str, int, str | None]]:
+        job_params = _codec.job_params
         for job in jobs:
-            params = _codec.job_params(job)
-            last[:] = [params]
+            last[0] = params = job_params(job)
             yield params
 
     try:
         cursor = conn.executemany(INSERT_JOB, rows())
     except sqlite3.IntegrityError as exc:
         name = getattr(exc, "sqlite_errorname", "")
-        if last and name == "SQLITE_CONSTRAINT_PRIMARYKEY":
+        failed = last[0]
+        if failed is not None and name == "SQLITE_CONSTRAINT_PRIMARYKEY":
             raise AlreadyExistsError(
-                f"job {last[0][0]} already exists; no job of this call was inserted: drop it "
+                f"job {failed[0]} already exists; no job of this call was inserted: drop it "
                 "from the batch, or give it a fresh id"
             ) from exc
-        if last and name == "SQLITE_CONSTRAINT_FOREIGNKEY":
+        if failed is not None and name == "SQLITE_CONSTRAINT_FOREIGNKEY":
             raise MissingRunError(
-                f"job {last[0][0]} refers to run {last[0][1]}, which does not exist; no job of "
+                f"job {failed[0]} refers to run {failed[1]}, which does not exist; no job of "
                 "this call was inserted: insert the run first"
             ) from exc
         raise
@@ -664,13 +709,24 @@ def op_claim_next_run(conn: sqlite3.Connection) -> Run | None:
     return _codec.decode_run(rows[0]) if rows else None
 
 
-def op_record_outcome(
-    run_id: str, job_id: str, outcome_json: str, conn: sqlite3.Connection
-) -> bool:
-    if conn.execute(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount == 1:
-        if conn.execute(ADVANCE_RUN, (run_id,)).rowcount != 1:
-            _refuse_corrupt_counters(run_id, conn)
-        return True
+def op_claim_runs(limit: int, conn: sqlite3.Connection) -> list[Run]:
+    # Read leniently for the reason op_claim_next_run gives.
+    conn.text_factory = _codec.lenient_text
+    try:
+        rows = conn.execute(CLAIM_RUNS, (limit,)).fetchall()
+    finally:
+        conn.text_factory = str
+    rows.sort(key=_claim_order)
+    return [_codec.decode_run(row[1:]) for row in rows]
+
+
+def _claim_order(row: tuple[Any, ...]) -> tuple[Any, Any]:
+    # created_at is column 6 of RUN_COLUMNS, i.e. 7 after the leading rowid.
+    return (row[7], row[0])
+
+
+def _why_unrecorded(run_id: str, job_id: str, conn: sqlite3.Connection) -> None:
+    """Raise the error that explains why MARK_JOB_DONE changed nothing; return on a redelivery."""
     row = _leniently(conn, lambda: conn.execute(SELECT_JOB_RUN, (job_id,)).fetchone())
     if row is None:
         raise NotFoundError(
@@ -684,6 +740,16 @@ def op_record_outcome(
             f"job {job_id} belongs to run {row[0]}, not to run {run_id}; nothing was "
             "recorded: report the outcome with the job's own run id"
         )
+
+
+def op_record_outcome(
+    run_id: str, job_id: str, outcome_json: str, conn: sqlite3.Connection
+) -> bool:
+    if conn.execute(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount == 1:
+        if conn.execute(ADVANCE_RUN, (run_id,)).rowcount != 1:
+            _refuse_corrupt_counters(run_id, conn)
+        return True
+    _why_unrecorded(run_id, job_id, conn)
     return False  # a redelivery: the first outcome stands
 
 
@@ -698,6 +764,30 @@ def _refuse_corrupt_counters(run_id: str, conn: sqlite3.Connection) -> None:
     raise ControlError(f"run {run_id} could not be advanced; run store.check() to find out why")
 
 
+def op_record_outcomes(
+    run_id: str, outcomes: Sequence[tuple[str, str]], conn: sqlite3.Connection
+) -> list[bool]:
+    """MARK_JOB_DONE per (job id, outcome JSON), then one advance by the number newly done.
+
+    Runs inside the call's own transaction or savepoint: raising NotFoundError/WrongRunError
+    for any outcome rolls back every outcome of the batch. A job id twice in one batch is
+    marked by its first occurrence; the second sees it done and is a redelivery.
+    """
+    results: list[bool] = []
+    new = 0
+    mark = conn.execute
+    for job_id, outcome_json in outcomes:
+        if mark(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount == 1:
+            new += 1
+            results.append(True)
+        else:
+            _why_unrecorded(run_id, job_id, conn)
+            results.append(False)
+    if new and conn.execute(ADVANCE_RUN_BY, (new, new, run_id)).rowcount != 1:
+        _refuse_corrupt_counters(run_id, conn)
+    return results
+
+
 # ---------------------------------------------------------------------------------------------
 # The backend: one connection, reads as single hops, writes through the group commit.
 
@@ -706,7 +796,13 @@ class SqliteBackend:
     """One aiosqlite connection used as a one-writer pool."""
 
     def __init__(self, conn: aiosqlite.Connection, *, database: str, options: Options) -> None:
+        check_worker(conn)
         self._conn = conn
+        # Ours to use on the worker thread only (inside functions given to on_thread).
+        raw = conn._connection
+        if raw is None:
+            raise StoreClosedError(f"the connection to {database} closed while opening")
+        self._raw: sqlite3.Connection = raw
         self._database = database
         # The file's identity at open: see _refuse_replaced_file.
         self._path: str | None = None
@@ -726,7 +822,11 @@ class SqliteBackend:
             conn = await aiosqlite.connect(path, isolation_level=None)
         except sqlite3.Error as exc:
             raise translate(exc, database=database, busy_timeout=options.busy_timeout) from exc
-        backend = cls(conn, database=database, options=options)
+        try:
+            backend = cls(conn, database=database, options=options)
+        except BaseException:
+            await conn.close()
+            raise
         try:
             await backend.read(partial(configure, file=path != MEMORY, options=options))
             if path != MEMORY:
@@ -740,7 +840,8 @@ class SqliteBackend:
         return backend
 
     async def close(self) -> None:
-        # Every write already accepted finishes (and commits) before the connection closes.
+        # Every write already accepted finishes (and commits) before the connection closes:
+        # a caller handed to the group commit gets its result, not a closed connection.
         await self._idle.wait()
         with contextlib.suppress(Exception):
             await self._conn.close()
@@ -754,12 +855,28 @@ class SqliteBackend:
     def _translate(self, exc: BaseException) -> BaseException:
         return translate(exc, database=self._database, busy_timeout=self._busy_timeout)
 
-    async def read(self, op: Op[T]) -> T:
-        """Run ``op`` on the worker thread outside any explicit transaction: one hop."""
+    def _raise(self, exc: BaseException) -> NoReturn:
+        error = self._translate(exc)
+        if error is exc:
+            raise exc
+        raise error from exc
+
+    def read(self, op: Op[T]) -> asyncio.Future[T]:
+        """Run ``op`` on the worker thread outside any explicit transaction; await the result.
+
+        One hop, and no coroutine of ours on the hot path: errors are translated on the
+        worker thread (_run_read), so the future already carries the ControlError.
+        """
         try:
-            return await on_thread(self._conn, op)
+            return on_thread(self._conn, partial(self._run_read, op))
+        except Exception as exc:  # the connection is closed
+            self._raise(exc)
+
+    def _run_read(self, op: Op[T]) -> T:
+        try:
+            return op(self._raw)
         except Exception as exc:
-            raise self._translate(exc) from exc
+            self._raise(exc)
 
     async def write(self, op: Op[T]) -> T:
         """Run ``op`` in a write transaction, grouped with any writes waiting meanwhile."""
@@ -772,9 +889,9 @@ class SqliteBackend:
         self._writing = True
         self._idle.clear()
         try:
-            ((ok, value),) = await on_thread(self._conn, partial(self._transact, [op]))
+            ok, value = await on_thread(self._conn, partial(self._transact_one, op))
         except Exception as exc:
-            raise self._translate(exc) from exc
+            self._raise(exc)
         finally:
             self._writing = False
             if self._pending:
@@ -812,53 +929,81 @@ class SqliteBackend:
                             fut.set_result(value)
                         else:
                             fut.set_exception(value)
+            batch = []
         finally:
             self._writing = False
             self._flusher = None
             self._idle.set()
-            # Only if this task itself was cancelled (the event loop is shutting down): nobody
-            # may wait forever. A batch already on the thread may still have committed.
-            for _, fut in [*batch, *self._pending]:
+            # Only if this task itself was cancelled (the event loop shutting down): callers
+            # still waiting must not hang. A batch already on the thread may have committed.
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(
+                        StoreClosedError(
+                            f"the store for {self._database} stopped writing while this call "
+                            "was in flight (its event loop is shutting down); the write may "
+                            "have committed: check before retrying"
+                        )
+                    )
+            for _, fut in self._pending:
                 if not fut.done():
                     fut.set_exception(StoreClosedError(f"the store for {self._database} closed"))
             self._pending = []
 
-    def _transact(self, ops: Sequence[Op[Any]], conn: sqlite3.Connection) -> list[tuple[bool, Any]]:
-        """On the thread: run ``ops`` in one BEGIN IMMEDIATE transaction and one commit.
+    def _transact_one(self, op: Op[Any]) -> tuple[bool, Any]:
+        """On the thread: run one op in its own BEGIN IMMEDIATE transaction and commit.
 
-        Returns (True, result) or (False, error) per op. With several ops each runs in its own
-        savepoint, so a failing op rolls back only itself; an error that ends the transaction
-        itself (disk full, I/O) or a failed COMMIT fails every op, none of which took effect.
+        The common case (one caller at a time) with no savepoint: the op's error rolls back the
+        whole transaction, which holds nothing else.
         """
+        conn = self._raw
         try:
             # IMMEDIATE: a deferred transaction that reads then writes gets SQLITE_BUSY at once
             # across processes, ignoring busy_timeout; IMMEDIATE waits for the lock properly.
             conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._refuse_replaced_file()
+                result = op(conn)
+            except BaseException as exc:  # KeyboardInterrupt from a job generator too
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                return (False, self._translate(exc))
+            conn.execute("COMMIT")
+        except Exception as exc:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            return (False, self._translate(exc))
+        return (True, result)
+
+    def _transact(self, ops: Sequence[Op[Any]]) -> list[tuple[bool, Any]]:
+        """On the thread: run ``ops`` in one BEGIN IMMEDIATE transaction and one commit.
+
+        Returns (True, result) or (False, error) per op. Each op runs in its own savepoint, so
+        a failing op rolls back only itself; an error that ends the transaction itself (disk
+        full, I/O) or a failed COMMIT fails every op, none of which took effect.
+        """
+        conn = self._raw
+        try:
+            conn.execute("BEGIN IMMEDIATE")  # IMMEDIATE: see _transact_one
         except sqlite3.Error as exc:
             return [(False, self._translate(exc)) for _ in ops]
         results: list[tuple[bool, Any]] = []
         try:
             self._refuse_replaced_file()
-            if len(ops) == 1:
-                results.append(self._attempt(ops[0], conn))
-                if not results[0][0]:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    return results
-            else:
-                for op in ops:
-                    conn.execute("SAVEPOINT group_commit")
-                    result = self._attempt(op, conn)
-                    if not result[0] and not conn.in_transaction:
-                        # The error rolled back the whole transaction: nothing here committed.
-                        # Each caller gets its own error instance, translated afresh.
-                        error = result[1]
-                        cause = error.__cause__ or error
-                        return [(False, self._translate(cause)) for _ in ops]
-                    if not result[0]:
-                        conn.execute("ROLLBACK TO group_commit")
-                    conn.execute("RELEASE group_commit")
-                    results.append(result)
+            for op in ops:
+                conn.execute("SAVEPOINT group_commit")
+                result = self._attempt(op, conn)
+                if not result[0] and not conn.in_transaction:
+                    # The error rolled back the whole transaction: nothing here committed.
+                    # Each caller gets its own error instance, translated afresh.
+                    error = result[1]
+                    cause = error.__cause__ or error
+                    return [(False, self._translate(cause)) for _ in ops]
+                if not result[0]:
+                    conn.execute("ROLLBACK TO group_commit")
+                conn.execute("RELEASE group_commit")
+                results.append(result)
             conn.execute("COMMIT")
         except Exception as exc:
             if conn.in_transaction:
@@ -894,5 +1039,5 @@ class SqliteBackend:
     def _attempt(self, op: Op[Any], conn: sqlite3.Connection) -> tuple[bool, Any]:
         try:
             return (True, op(conn))
-        except Exception as exc:
-            return (False, self._translate(exc))
+        except BaseException as exc:  # KeyboardInterrupt from a job generator too: the caller
+            return (False, self._translate(exc))  # gets it; the savepoint is rolled back

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Generator, Iterable
+from functools import partial
 from types import TracebackType
 from typing import Any, Self
 
@@ -24,6 +25,9 @@ def _id(value: object, *, what: str) -> str:
             f"wrap a string id as uuid.UUID({str(value)!r})"
         )
     return str(value)
+
+
+_INT64_MAX = 2**63 - 1
 
 
 class _Connecting:
@@ -117,13 +121,13 @@ class Store:
         """Store a new run. A run with the same id is refused (``AlreadyExistsError``)."""
         backend = self._open()
         params = _codec.run_params(run)
-        await backend.write(lambda conn: _sqlite.op_insert_run(params, conn))
+        await backend.write(partial(_sqlite.op_insert_run, params))
 
     async def get_run(self, run_id: uuid.UUID) -> Run | None:
         """The run with this id, or None."""
         backend = self._open()
         key = _id(run_id, what="run_id")
-        return await backend.read(lambda conn: _sqlite.op_get_run(key, conn))
+        return await backend.read(partial(_sqlite.op_get_run, key))
 
     async def insert_jobs(self, jobs: Iterable[Job]) -> None:
         """Store jobs in one transaction: all of them, or none on any error.
@@ -143,7 +147,7 @@ class Store:
         """The job with this id, or None."""
         backend = self._open()
         key = _id(job_id, what="job_id")
-        return await backend.read(lambda conn: _sqlite.op_get_job(key, conn))
+        return await backend.read(partial(_sqlite.op_get_job, key))
 
     async def list_jobs(self, run_id: uuid.UUID) -> list[Job]:
         """The jobs of a run, in the order they were inserted (empty if there are none)."""
@@ -171,9 +175,49 @@ class Store:
         run_key = _id(run_id, what="run_id")
         payload = _codec.outcome_json(outcome)
         job_key = str(outcome.job_id)
-        return await backend.write(
-            lambda conn: _sqlite.op_record_outcome(run_key, job_key, payload, conn)
-        )
+        return await backend.write(partial(_sqlite.op_record_outcome, run_key, job_key, payload))
+
+    async def claim_runs(self, limit: int) -> list[Run]:
+        """Atomically move up to ``limit`` of the oldest queued runs to running; oldest first.
+
+        One statement under one write lock: the batch is all-or-nothing, and no run is ever in
+        two claimers' batches. Returns fewer than ``limit`` runs (or []) when fewer are queued.
+        """
+        backend = self._open()
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= _INT64_MAX:
+            raise InvalidInputError(
+                f"limit must be an int from 1 to {_INT64_MAX}, got {limit!r}; "
+                "use claim_next_run() for a single run"
+            )
+        return await backend.write(partial(_sqlite.op_claim_runs, limit))
+
+    async def record_job_outcomes(
+        self, run_id: uuid.UUID, outcomes: Iterable[JobOutcome]
+    ) -> list[bool]:
+        """Record many outcomes of one run in one transaction; one bool per outcome, in order.
+
+        Each outcome follows ``record_job_outcome``'s rules: True if newly recorded, False for
+        a redelivery (including a job id that appears earlier in the same batch: the first
+        occurrence wins and the job counts once). All or nothing: an outcome for an unknown job
+        (``NotFoundError``) or another run's job (``WrongRunError``), or one that cannot be
+        stored (``InvalidInputError``), records none of the batch.
+        """
+        backend = self._open()
+        run_key = _id(run_id, what="run_id")
+        if isinstance(outcomes, JobOutcome) or not isinstance(outcomes, Iterable):
+            raise InvalidInputError(
+                f"record_job_outcomes takes an iterable of JobOutcome, got "
+                f"{type(outcomes).__name__}; wrap a single outcome in a list, or call "
+                "record_job_outcome"
+            )
+        # Encoded here, before the hop: a bad outcome anywhere fails the call with nothing sent.
+        rows: list[tuple[str, str]] = []
+        for outcome in outcomes:
+            payload = _codec.outcome_json(outcome)  # checks the type and the job id first
+            rows.append((str(outcome.job_id), payload))
+        if not rows:
+            return []
+        return await backend.write(partial(_sqlite.op_record_outcomes, run_key, rows))
 
     async def list_runs(
         self, *, status: RunStatus | None = None, limit: int | None = None

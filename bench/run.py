@@ -1,0 +1,862 @@
+"""control_store against raw sqlite3 and an aiosqlite no-op round trip, interleaved in one run.
+
+    nox -s bench                  # or: python bench/run.py [--rounds N] [--json PATH] [--peers]
+
+Every workload runs in rounds; in each round the library and its baseline run back to back on
+fresh databases with the same pragmas (the baseline connection is configured by the library's
+own `configure`, so journal mode, synchronous and busy_timeout are identical). The table shows
+the median ops/s over rounds and the median of the per-round ratios, which pairs measurements
+taken seconds apart on this noisy machine. Baselines:
+
+- raw sqlite3: the same SQL statements the library runs (its named constants), in the same
+  transactions (BEGIN IMMEDIATE ... COMMIT, or one statement in SQLite's implicit transaction
+  where the library runs one alone), starting from the same model objects: a raw record
+  encodes the outcome with msgspec as the library does; a raw claim returns the raw row (the
+  library's row decode is part of what is measured).
+- no-op: `await aiosqlite.Connection._execute(f)` with f doing nothing: one round trip to
+  aiosqlite's worker thread, the floor under any single call.
+
+Peak RSS growth for 1M generated jobs is measured in a fresh child process: VmRSS before the
+call, then the peak (VmHWM, reset through /proc/self/clear_refs just before) during it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import msgspec
+
+from control_store import EvalJob, Job, JobOutcome, Run, Store, _codec, _sqlite
+
+Timed = Callable[[], Awaitable[tuple[int, float]]]  # -> (items, seconds)
+
+ENCODE = msgspec.json.Encoder().encode
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Where a workload runs: memory, or a WAL file at a synchronous level."""
+
+    name: str
+    file: bool
+    synchronous: str
+    single: int  # items per measured segment of single calls
+    batch_runs: int  # claim_runs(64) / record_job_outcomes(64) calls per segment
+
+
+@dataclass
+class Row:
+    """One line of the table: a workload in a setting, the library against a baseline."""
+
+    setting: str
+    workload: str
+    baseline: str
+    target: float | None
+    lib: list[float] = field(default_factory=list)
+    base: list[float] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(a / b for a, b in zip(self.lib, self.base, strict=True))
+
+    @property
+    def met(self) -> str:
+        if self.target is None:
+            return ""
+        return "yes" if self.ratio >= self.target else "NO"
+
+
+# ---------------------------------------------------------------------------------------------
+# Databases and data
+
+
+class Databases:
+    """Fresh databases per segment: a store or a raw connection with the library's pragmas."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.count = 0
+
+    def path(self, setting: Setting) -> str:
+        if not setting.file:
+            return _sqlite.MEMORY
+        self.count += 1
+        return str(self.root / f"bench-{self.count}.db")
+
+    async def store(self, setting: Setting) -> Store:
+        return await Store.connect(self.path(setting), synchronous=setting.synchronous)
+
+    def raw(self, setting: Setting) -> sqlite3.Connection:
+        path = self.path(setting)
+        conn = sqlite3.connect(path, isolation_level=None)
+        options = _sqlite.parse_options({"synchronous": setting.synchronous})
+        _sqlite.configure(conn, file=setting.file, options=options)
+        _sqlite.migrate(conn, database=path)
+        return conn
+
+    def clean(self) -> None:
+        for path in self.root.glob("bench-*"):
+            path.unlink()
+
+
+def make_runs(n: int, job_count: int = 1) -> list[Run]:
+    return [Run("bench.yaml", ["model-a", "model-b"], 1, job_count) for _ in range(n)]
+
+
+def make_jobs(run: Run, n: int) -> list[Job]:
+    return [Job(run.id, EvalJob("model-a", f"sample-{i}", 0)) for i in range(n)]
+
+
+async def setup_store(store: Store, runs: list[Run], jobs: list[Job]) -> None:
+    """Load rows untimed, in one transaction (the bench's only use of the backend itself)."""
+    backend = store._backend
+    assert backend is not None
+    run_rows = [_codec.run_params(r) for r in runs]
+    job_rows = [_codec.job_params(j) for j in jobs]
+
+    def load(conn: sqlite3.Connection) -> None:
+        conn.executemany(_sqlite.INSERT_RUN, run_rows)
+        conn.executemany(_sqlite.INSERT_JOB, job_rows)
+
+    await backend.write(load)
+
+
+def setup_raw(conn: sqlite3.Connection, runs: list[Run], jobs: list[Job]) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    conn.executemany(_sqlite.INSERT_RUN, [_codec.run_params(r) for r in runs])
+    conn.executemany(_sqlite.INSERT_JOB, [_codec.job_params(j) for j in jobs])
+    conn.execute("COMMIT")
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw sqlite3: the library's statements, in the library's transactions
+
+
+def raw_tx(conn: sqlite3.Connection, body: Callable[[], Any]) -> Any:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = body()
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return result
+
+
+def raw_record(conn: sqlite3.Connection, run_id: str, outcome: JobOutcome) -> bool:
+    payload = ENCODE(outcome).decode()
+    job_id = str(outcome.job_id)
+
+    def body() -> bool:
+        if conn.execute(_sqlite.MARK_JOB_DONE, (payload, job_id, run_id)).rowcount == 1:
+            conn.execute(_sqlite.ADVANCE_RUN, (run_id,))
+            return True
+        return False
+
+    return bool(raw_tx(conn, body))
+
+
+def raw_record_many(conn: sqlite3.Connection, run_id: str, outcomes: list[JobOutcome]) -> int:
+    rows = [(ENCODE(o).decode(), str(o.job_id)) for o in outcomes]
+
+    def body() -> int:
+        new = 0
+        for payload, job_id in rows:
+            if conn.execute(_sqlite.MARK_JOB_DONE, (payload, job_id, run_id)).rowcount == 1:
+                new += 1
+        if new:
+            conn.execute(_sqlite.ADVANCE_RUN_BY, (new, new, run_id))
+        return new
+
+    return int(raw_tx(conn, body))
+
+
+def raw_claim_runs(conn: sqlite3.Connection, limit: int) -> list[Any]:
+    rows = conn.execute(_sqlite.CLAIM_RUNS, (limit,)).fetchall()  # one statement, as the library
+    rows.sort(key=lambda row: (row[7], row[0]))
+    return rows
+
+
+def raw_job_row(job: Job) -> tuple[str, str, str, str, int, None]:
+    return (str(job.id), str(job.run_id), ENCODE(job.spec).decode(), "queued", 0, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Workloads: each returns (library, baseline) segment functions for a setting
+
+
+@dataclass
+class Side:
+    """One side of a pair: units of work, run a chunk at a time; ops counted per unit."""
+
+    units: list[Any]
+    chunk: Callable[[list[Any]], Awaitable[None]]
+    close: Callable[[], Awaitable[None]]
+    ops_per_unit: int = 1
+
+
+async def measure(lib: Side, base: Side, chunk: int) -> tuple[float, float]:
+    """Run both sides in alternating chunks (which goes first alternates too): ops/s each.
+
+    Chunks of a few dozen calls interleave the two sides finely, so a change in the shared
+    machine's load hits both alike instead of skewing their ratio.
+    """
+    assert len(lib.units) == len(base.units)
+    spent = {id(lib): 0.0, id(base): 0.0}
+    try:
+        for n, start in enumerate(range(0, len(lib.units), chunk)):
+            for side in (lib, base) if n % 2 == 0 else (base, lib):
+                units = side.units[start : start + chunk]
+                began = time.perf_counter()
+                await side.chunk(units)
+                spent[id(side)] += time.perf_counter() - began
+    finally:
+        await lib.close()
+        await base.close()
+    return (
+        len(lib.units) * lib.ops_per_unit / spent[id(lib)],
+        len(base.units) * base.ops_per_unit / spent[id(base)],
+    )
+
+
+async def _done() -> None:
+    return None
+
+
+class Bench:
+    """Builds the two sides of each workload on fresh databases of a setting."""
+
+    def __init__(self, dbs: Databases, noop_conn: aiosqlite.Connection) -> None:
+        self.dbs = dbs
+        self.noop_conn = noop_conn
+
+    def noop(self, n: int) -> Side:
+        conn = self.noop_conn
+        nothing = _nothing
+
+        async def chunk(units: list[Any]) -> None:
+            for _ in units:
+                await conn._execute(nothing)  # type: ignore[no-untyped-call]
+
+        return Side(list(range(n)), chunk, _done)
+
+    async def store(self, s: Setting, runs: list[Run], jobs: list[Job]) -> Store:
+        store = await self.dbs.store(s)
+        try:
+            await setup_store(store, runs, jobs)
+        except BaseException:
+            await store.close()  # an open aiosqlite thread would keep the process alive
+            raise
+        return store
+
+    def raw(self, s: Setting, runs: list[Run], jobs: list[Job]) -> sqlite3.Connection:
+        conn = self.dbs.raw(s)
+        setup_raw(conn, runs, jobs)
+        return conn
+
+    @staticmethod
+    def closer(conn: sqlite3.Connection) -> Callable[[], Awaitable[None]]:
+        async def close() -> None:
+            conn.close()
+
+        return close
+
+    # --- single calls from one task ---
+
+    async def lib_single(self, s: Setting, what: str, n: int) -> Side:
+        runs = make_runs(n, job_count=n if what == "record_job_outcome" else 1)
+        jobs = [make_jobs(run, 1)[0] for run in runs]
+        if what == "record_job_outcome":
+            jobs = make_jobs(runs[0], n)
+        empty = what == "insert_run"
+        store = await self.store(s, [] if empty else runs, [] if empty else jobs)
+        run_id = runs[0].id
+
+        async def chunk(units: list[Any]) -> None:
+            if what == "insert_run":
+                for run in units:
+                    await store.insert_run(run)
+            elif what == "get_run":
+                for run in units:
+                    assert await store.get_run(run.id) is not None
+            elif what == "get_job":
+                for job in units:
+                    assert await store.get_job(job.id) is not None
+            elif what == "claim_next_run":
+                for _ in units:
+                    assert await store.claim_next_run() is not None
+            else:
+                for outcome in units:
+                    assert await store.record_job_outcome(run_id, outcome)
+
+        units: list[Any] = runs
+        if what == "get_job":
+            units = jobs
+        elif what == "record_job_outcome":
+            units = [JobOutcome(job.id, score=1.0) for job in jobs]
+        return Side(units, chunk, store.close)
+
+    async def raw_single(self, s: Setting, what: str, n: int) -> Side:
+        runs = make_runs(n, job_count=n if what == "record_job_outcome" else 1)
+        jobs = [make_jobs(run, 1)[0] for run in runs]
+        if what == "record_job_outcome":
+            jobs = make_jobs(runs[0], n)
+        empty = what == "insert_run"
+        conn = self.raw(s, [] if empty else runs, [] if empty else jobs)
+        run_id = str(runs[0].id)
+        execute = conn.execute
+
+        async def chunk(units: list[Any]) -> None:
+            if what == "insert_run":
+                for run in units:
+                    execute(_sqlite.INSERT_RUN, _codec.run_params(run))  # one statement
+            elif what == "get_run":
+                for run in units:
+                    assert execute(_sqlite.SELECT_RUN, (str(run.id),)).fetchone()
+            elif what == "get_job":
+                for job in units:
+                    assert execute(_sqlite.SELECT_JOB, (str(job.id),)).fetchone()
+            elif what == "claim_next_run":
+                for _ in units:
+                    # One statement in SQLite's implicit transaction, as the library runs it.
+                    assert execute(_sqlite.CLAIM_NEXT_RUN).fetchall()
+            else:
+                for outcome in units:
+                    assert raw_record(conn, run_id, outcome)
+
+        units: list[Any] = runs
+        if what == "get_job":
+            units = jobs
+        elif what == "record_job_outcome":
+            units = [JobOutcome(job.id, score=1.0) for job in jobs]
+        return Side(units, chunk, self.closer(conn))
+
+    # --- concurrent records: `tasks` tasks share each chunk ---
+
+    async def lib_concurrent(self, s: Setting, n: int, tasks: int) -> Side:
+        (run,) = make_runs(1, job_count=n)
+        jobs = make_jobs(run, n)
+        store = await self.store(s, [run], jobs)
+
+        async def worker(part: list[JobOutcome]) -> None:
+            for outcome in part:
+                assert await store.record_job_outcome(run.id, outcome)
+
+        async def chunk(units: list[Any]) -> None:
+            await asyncio.gather(*(worker(units[i::tasks]) for i in range(tasks)))
+
+        return Side([JobOutcome(j.id, score=1.0) for j in jobs], chunk, store.close)
+
+    async def raw_record_side(self, s: Setting, n: int) -> Side:
+        return await self.raw_single(s, "record_job_outcome", n)
+
+    async def lib_claim_record(self, s: Setting, n: int, tasks: int) -> Side:
+        """Peer workload: per item, claim a run and record its one job's outcome."""
+        runs = make_runs(n)
+        jobs = [make_jobs(run, 1)[0] for run in runs]
+        store = await self.store(s, runs, jobs)
+        job_of = {job.run_id: job.id for job in jobs}
+
+        async def worker(count: int) -> None:
+            for _ in range(count):
+                run = await store.claim_next_run()
+                assert run is not None
+                assert await store.record_job_outcome(run.id, JobOutcome(job_of[run.id]))
+
+        async def chunk(units: list[Any]) -> None:
+            share, extra = divmod(len(units), tasks)
+            await asyncio.gather(*(worker(share + (i < extra)) for i in range(tasks)))
+
+        return Side(list(range(n)), chunk, store.close)
+
+    # --- batches: one unit is one call of 64 ---
+
+    async def lib_claim_runs(self, s: Setting, calls: int) -> Side:
+        store = await self.store(s, make_runs(calls * 64), [])
+
+        async def chunk(units: list[Any]) -> None:
+            for _ in units:
+                assert len(await store.claim_runs(64)) == 64
+
+        return Side(list(range(calls)), chunk, store.close, 64)
+
+    async def raw_claim_runs(self, s: Setting, calls: int) -> Side:
+        conn = self.raw(s, make_runs(calls * 64), [])
+
+        async def chunk(units: list[Any]) -> None:
+            for _ in units:
+                assert len(raw_claim_runs(conn, 64)) == 64
+
+        return Side(list(range(calls)), chunk, self.closer(conn), 64)
+
+    async def lib_record_many(self, s: Setting, calls: int) -> Side:
+        (run,) = make_runs(1, job_count=calls * 64)
+        jobs = make_jobs(run, calls * 64)
+        store = await self.store(s, [run], jobs)
+        outcomes = [JobOutcome(job.id, score=1.0) for job in jobs]
+        batches = [outcomes[i : i + 64] for i in range(0, len(outcomes), 64)]
+
+        async def chunk(units: list[Any]) -> None:
+            for batch in units:
+                assert all(await store.record_job_outcomes(run.id, batch))
+
+        return Side(batches, chunk, store.close, 64)
+
+    async def raw_record_many(self, s: Setting, calls: int) -> Side:
+        (run,) = make_runs(1, job_count=calls * 64)
+        jobs = make_jobs(run, calls * 64)
+        conn = self.raw(s, [run], jobs)
+        outcomes = [JobOutcome(job.id, score=1.0) for job in jobs]
+        batches = [outcomes[i : i + 64] for i in range(0, len(outcomes), 64)]
+        run_id = str(run.id)
+
+        async def chunk(units: list[Any]) -> None:
+            for batch in units:
+                assert raw_record_many(conn, run_id, batch) == 64
+
+        return Side(batches, chunk, self.closer(conn), 64)
+
+    # --- insert_jobs: one unit is one call of n jobs ---
+
+    async def lib_insert_jobs(self, s: Setting, n: int, calls: int) -> Side:
+        runs = make_runs(calls, job_count=n)
+        store = await self.store(s, runs, [])
+        units = [make_jobs(run, n) for run in runs]
+
+        async def chunk(units: list[Any]) -> None:
+            for jobs in units:
+                await store.insert_jobs(jobs)
+
+        return Side(units, chunk, store.close, n)
+
+    async def raw_insert_jobs(self, s: Setting, n: int, calls: int) -> Side:
+        runs = make_runs(calls, job_count=n)
+        conn = self.raw(s, runs, [])
+        units = [make_jobs(run, n) for run in runs]
+
+        async def chunk(units: list[Any]) -> None:
+            for jobs in units:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.executemany(_sqlite.INSERT_JOB, map(raw_job_row, jobs))
+                conn.execute("COMMIT")
+
+        return Side(units, chunk, self.closer(conn), n)
+
+
+def _nothing() -> None:
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Peers (nox -s bench -- --peers): dequeue + ack of one item per iteration, WAL file
+
+
+def peer_workloads(root: Path, n: int) -> dict[str, Callable[[], tuple[int, float]]]:
+    """Each peer, if installed: enqueue n items (untimed), then time n dequeue+ack."""
+    found: dict[str, Callable[[], tuple[int, float]]] = {}
+    counter = iter(range(1_000_000))
+
+    def fresh(name: str) -> Path:
+        path = root / f"peer-{name}-{next(counter)}"
+        path.mkdir()
+        return path
+
+    with contextlib.suppress(ImportError):
+        from huey.storage import SqliteStorage
+
+        def huey() -> tuple[int, float]:
+            # fsync=True: huey's durable setting (synchronous=FULL), WAL is its default.
+            storage = SqliteStorage("bench", filename=str(fresh("huey") / "h.db"), fsync=True)
+            for i in range(n):
+                storage.enqueue(b"item %d" % i)
+            started = time.perf_counter()
+            for _ in range(n):
+                assert storage.dequeue() is not None  # huey deletes on dequeue: its ack
+            return n, time.perf_counter() - started
+
+        found["huey"] = huey
+
+    with contextlib.suppress(ImportError):
+        import persistqueue
+
+        def persist_queue() -> tuple[int, float]:
+            queue: Any = persistqueue.SQLiteAckQueue(  # Any: its connections are untyped
+                str(fresh("persistqueue")), auto_commit=True, multithreading=False
+            )
+            for conn in (queue._getter, queue._putter):
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = FULL")
+            for i in range(n):
+                queue.put(f"item {i}")
+            started = time.perf_counter()
+            for _ in range(n):
+                item = queue.get(block=False)
+                queue.ack(item)
+            return n, time.perf_counter() - started
+
+        found["persist-queue"] = persist_queue
+
+    with contextlib.suppress(ImportError):
+        from litequeue import LiteQueue
+
+        def litequeue() -> tuple[int, float]:
+            queue: Any = LiteQueue(str(fresh("litequeue") / "q.db"))  # Any: conn is untyped
+            queue.conn.execute("PRAGMA synchronous = FULL")
+            for i in range(n):
+                queue.put(f"item {i}")
+            started = time.perf_counter()
+            for _ in range(n):
+                message = queue.pop()
+                assert message is not None
+                queue.done(message.message_id)
+            return n, time.perf_counter() - started
+
+        found["litequeue"] = litequeue
+
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Peak RSS for 1M generated jobs, in a child process
+
+
+def rss_child(path: str, n: int) -> None:
+    """Insert n generated jobs through insert_jobs into a fresh WAL file; print RSS in KiB."""
+
+    async def main() -> dict[str, Any]:
+        store = await Store.connect(path)
+        (run,) = make_runs(1, job_count=n)
+        await store.insert_run(run)
+        warm = Run("warm.yaml", ["m"], 1, 10)
+        await store.insert_run(warm)
+        await store.insert_jobs(make_jobs(warm, 10))  # import and cache everything first
+        before = _status_kib("VmRSS")
+        # Reset the peak (VmHWM) to the current RSS, so the peak read after is this call's.
+        _reset_peak()
+        spec = EvalJob("model-a", "sample", 0)
+        run_id = run.id
+        started = time.perf_counter()
+        await store.insert_jobs(Job(run_id, spec) for _ in range(n))
+        elapsed = time.perf_counter() - started
+        after = _status_kib("VmHWM")
+        await store.close()
+        return {
+            "seconds": elapsed,
+            "rss_before_kib": before,
+            "rss_peak_kib": after,
+        }
+
+    print(json.dumps(asyncio.run(main())))
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise LookupError(field)
+
+
+def measure_rss(root: Path, n: int) -> dict[str, Any]:
+    path = root / "rss.db"
+    out = subprocess.run(
+        [sys.executable, __file__, "--rss-child", str(path), str(n)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    result: dict[str, Any] = json.loads(out)
+    conn = sqlite3.connect(path)
+    result["jobs"] = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
+    conn.close()
+    result["growth_mib"] = (result["rss_peak_kib"] - result["rss_before_kib"]) / 1024
+    for leftover in root.glob("rss.db*"):
+        leftover.unlink()
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+SETTINGS = [
+    Setting("memory", file=False, synchronous="FULL", single=3000, batch_runs=60),
+    Setting("WAL FULL", file=True, synchronous="FULL", single=1500, batch_runs=40),
+    Setting("WAL NORMAL", file=True, synchronous="NORMAL", single=3000, batch_runs=60),
+]
+
+
+SINGLE_CALLS = ("insert_run", "get_run", "get_job", "claim_next_run", "record_job_outcome")
+
+
+async def run_rounds(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    dbs = Databases(root)
+    noop_conn = await aiosqlite.connect(":memory:", isolation_level=None)
+    try:
+        return await _run_rounds(args, dbs, Bench(dbs, noop_conn))
+    finally:
+        await noop_conn.close()
+
+
+async def _run_rounds(args: argparse.Namespace, dbs: Databases, bench: Bench) -> dict[str, Any]:
+    rows: dict[tuple[str, str, str], Row] = {}
+
+    async def pair(
+        setting: str,
+        workload: str,
+        baseline: str,
+        target: float | None,
+        lib: Awaitable[Side],
+        base: Awaitable[Side],
+        chunk: int,
+    ) -> None:
+        key = (setting, workload, baseline)
+        if key not in rows:
+            rows[key] = Row(setting, workload, baseline, target)
+        lib_rate, base_rate = await measure(await lib, await base, chunk)
+        rows[key].lib.append(lib_rate)
+        rows[key].base.append(base_rate)
+        dbs.clean()
+
+    for round_number in range(args.rounds):
+        print(f"round {round_number + 1}/{args.rounds}", file=sys.stderr, flush=True)
+        for s in SETTINGS:
+            n = s.single
+            mem = not s.file
+            for what in (
+                "insert_run",
+                "get_run",
+                "get_job",
+                "claim_next_run",
+                "record_job_outcome",
+            ):
+                await pair(
+                    s.name,
+                    what,
+                    "aiosqlite no-op",
+                    0.8 if mem else None,
+                    bench.lib_single(s, what, n),
+                    _ready(bench.noop(n)),
+                    50,
+                )
+                if what in ("claim_next_run", "record_job_outcome"):
+                    await pair(
+                        s.name,
+                        what,
+                        "raw sqlite3",
+                        None,
+                        bench.lib_single(s, what, n),
+                        bench.raw_single(s, what, n),
+                        50,
+                    )
+            for tasks in (8, 64):
+                target = 1.0 if (tasks == 64 and s.name == "WAL FULL") else None
+                await pair(
+                    s.name,
+                    f"record_job_outcome x{tasks} tasks",
+                    "raw, 1 record/commit",
+                    target,
+                    bench.lib_concurrent(s, n * 2, tasks),
+                    bench.raw_record_side(s, n * 2),
+                    256,
+                )
+            await pair(
+                s.name,
+                "claim_runs(64)",
+                "raw sqlite3",
+                0.8,
+                bench.lib_claim_runs(s, s.batch_runs),
+                bench.raw_claim_runs(s, s.batch_runs),
+                4,
+            )
+            await pair(
+                s.name,
+                "record_job_outcomes(64)",
+                "raw sqlite3",
+                0.8,
+                bench.lib_record_many(s, s.batch_runs),
+                bench.raw_record_many(s, s.batch_runs),
+                4,
+            )
+            await pair(
+                s.name,
+                f"insert_jobs({args.insert_jobs // 1000}k)",
+                "raw executemany",
+                0.9,
+                bench.lib_insert_jobs(s, args.insert_jobs, 1),
+                bench.raw_insert_jobs(s, args.insert_jobs, 1),
+                1,
+            )
+            if s.name == "WAL FULL":
+                for tasks in (1, 64):
+                    await pair(
+                        s.name,
+                        f"claim+record x{tasks} tasks",
+                        "raw, 1 record/commit",
+                        None,
+                        bench.lib_claim_record(s, n, tasks),
+                        bench.raw_record_side(s, n),
+                        128 if tasks > 1 else 25,
+                    )
+    return {"rows": list(rows.values())}
+
+
+async def _ready(side: Side) -> Side:
+    return side
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "aiosqlite": aiosqlite.__version__,
+        "os": platform.platform(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--insert-jobs", type=int, default=100_000)
+    parser.add_argument("--rss-jobs", type=int, default=1_000_000)
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply the calls per segment (quick runs)"
+    )
+    parser.add_argument("--peers", action="store_true", help="add huey, persist-queue, litequeue")
+    parser.add_argument("--json", default="bench-results.json")
+    parser.add_argument("--rss-child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rss_child:
+        rss_child(args.rss_child[0], int(args.rss_child[1]))
+        return
+
+    if args.scale != 1.0:
+        SETTINGS[:] = [
+            Setting(
+                s.name,
+                s.file,
+                s.synchronous,
+                max(64, int(s.single * args.scale)),
+                max(4, int(s.batch_runs * args.scale)),
+            )
+            for s in SETTINGS
+        ]
+    root = Path(tempfile.mkdtemp(prefix="control-store-bench-"))
+    began = time.perf_counter()
+    try:
+        results = asyncio.run(run_rounds(args, root))
+        rows: list[Row] = results["rows"]
+        peers: dict[str, list[float]] = {}
+        if args.peers:
+            workloads = peer_workloads(root, 1500)
+            for _ in range(args.rounds):
+                for name, fn in workloads.items():
+                    n, t = fn()
+                    peers.setdefault(name, []).append(n / t)
+                    shutil.rmtree(root)
+                    root.mkdir()
+        print("measuring peak RSS for insert_jobs of generated jobs...", file=sys.stderr)
+        rss = measure_rss(root, args.rss_jobs)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    lines = report(rows, peers, rss, machine(), time.perf_counter() - began)
+    print("\n".join(lines))
+    payload = {
+        "machine": machine(),
+        "rounds": args.rounds,
+        "seconds": round(time.perf_counter() - began, 1),
+        "rows": [
+            {
+                "setting": r.setting,
+                "workload": r.workload,
+                "baseline": r.baseline,
+                "lib_ops_per_s": round(statistics.median(r.lib)),
+                "baseline_ops_per_s": round(statistics.median(r.base)),
+                "ratio": round(r.ratio, 3),
+                "target": r.target,
+                "met": r.met or None,
+                "lib_rounds": [round(x) for x in r.lib],
+                "baseline_rounds": [round(x) for x in r.base],
+            }
+            for r in rows
+        ],
+        "peers_dequeue_ack_per_s": {k: round(statistics.median(v)) for k, v in peers.items()},
+        "rss": rss,
+        "table": lines,
+    }
+    Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"\nwrote {args.json}", file=sys.stderr)
+
+
+def report(
+    rows: list[Row],
+    peers: dict[str, list[float]],
+    rss: dict[str, Any],
+    host: dict[str, Any],
+    seconds: float,
+) -> list[str]:
+    lines = [
+        f"machine: {host['cpu']}, {host['cores']} cores; Python {host['python']}, "
+        f"SQLite {host['sqlite']}, aiosqlite {host['aiosqlite']}; {host['os']}",
+        f"medians of {len(rows[0].lib)} interleaved rounds; ratio = median of per-round "
+        f"library/baseline; run took {seconds:.0f} s",
+        "",
+        f"| {'setting':<10} | {'workload':<30} | {'library/s':>9} | {'baseline':<19} "
+        f"| {'baseline/s':>10} | {'ratio':>5} | {'target':>6} | met |",
+        f"|{'-' * 12}|{'-' * 32}|{'-' * 11}|{'-' * 21}|{'-' * 12}|{'-' * 7}|{'-' * 8}|-----|",
+    ]
+    for r in rows:
+        target = f">={r.target:g}" if r.target is not None else ""
+        lines.append(
+            f"| {r.setting:<10} | {r.workload:<30} | {statistics.median(r.lib):>9,.0f} "
+            f"| {r.baseline:<19} | {statistics.median(r.base):>10,.0f} | {r.ratio:>5.2f} "
+            f"| {target:>6} | {r.met:<3} |"
+        )
+    if peers:
+        ours = {r.workload: statistics.median(r.lib) for r in rows if r.setting == "WAL FULL"}
+        lines += ["", "Peers, WAL file at synchronous=FULL, items/s (dequeue+ack vs claim+record):"]
+        for name in ("claim+record x1 tasks", "claim+record x64 tasks"):
+            lines.append(f"  control_store {name:<24} {ours[name]:>9,.0f}")
+        for name, rates in peers.items():
+            lines.append(f"  {name:<38} {statistics.median(rates):>9,.0f}")
+    lines += [
+        "",
+        f"insert_jobs of {rss['jobs']:,} generated jobs (WAL FULL, one transaction): "
+        f"{rss['seconds']:.1f} s, peak RSS growth {rss['growth_mib']:.1f} MiB "
+        f"(target <= 100 MiB: {'yes' if rss['growth_mib'] <= 100 else 'NO'})",
+    ]
+    return lines
+
+
+if __name__ == "__main__":
+    main()
