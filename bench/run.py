@@ -9,8 +9,8 @@ the median ops/s over rounds and the median of the per-round ratios, which pairs
 taken seconds apart on this noisy machine. Baselines:
 
 - raw sqlite3: the same SQL statements the library runs (its named constants), in the same
-  transactions (BEGIN IMMEDIATE ... COMMIT, or one statement in SQLite's implicit transaction
-  where the library runs one alone), starting from the same model objects: a raw record
+  transactions (every write in BEGIN IMMEDIATE ... COMMIT; reads as single statements),
+  starting from the same model objects: a raw record
   encodes the outcome with msgspec as the library does; a raw claim returns the raw row (the
   library's row decode is part of what is measured).
 - no-op: `await aiosqlite.Connection._execute(f)` with f doing nothing: one round trip to
@@ -37,6 +37,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +190,7 @@ def raw_record_many(conn: sqlite3.Connection, run_id: str, outcomes: list[JobOut
 
 
 def raw_claim_runs(conn: sqlite3.Connection, limit: int) -> list[Any]:
-    rows = conn.execute(_sqlite.CLAIM_RUNS, (limit,)).fetchall()  # one statement, as the library
+    rows: list[Any] = raw_tx(conn, lambda: conn.execute(_sqlite.CLAIM_RUNS, (limit,)).fetchall())
     rows.sort(key=lambda row: (row[7], row[0]))
     return rows
 
@@ -326,7 +327,7 @@ class Bench:
         async def chunk(units: list[Any]) -> None:
             if what == "insert_run":
                 for run in units:
-                    execute(_sqlite.INSERT_RUN, _codec.run_params(run))  # one statement
+                    raw_tx(conn, partial(execute, _sqlite.INSERT_RUN, _codec.run_params(run)))
             elif what == "get_run":
                 for run in units:
                     assert execute(_sqlite.SELECT_RUN, (str(run.id),)).fetchone()
@@ -335,8 +336,7 @@ class Bench:
                     assert execute(_sqlite.SELECT_JOB, (str(job.id),)).fetchone()
             elif what == "claim_next_run":
                 for _ in units:
-                    # One statement in SQLite's implicit transaction, as the library runs it.
-                    assert execute(_sqlite.CLAIM_NEXT_RUN).fetchall()
+                    assert raw_tx(conn, lambda: execute(_sqlite.CLAIM_NEXT_RUN).fetchall())
             else:
                 for outcome in units:
                     assert raw_record(conn, run_id, outcome)
