@@ -430,7 +430,17 @@ def _refuse_read_only(conn: sqlite3.Connection) -> None:
         (version,) = conn.execute("PRAGMA user_version").fetchone()
         conn.execute(f"PRAGMA user_version = {int(version)}")  # PRAGMA takes no parameters
     finally:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:  # an I/O error may already have ended it; keep that error
+            conn.execute("ROLLBACK")
+
+
+def _locate(path: str) -> tuple[str, tuple[int, int]]:
+    """The absolute path of the opened file and its identity.
+
+    Absolute, so that a later os.chdir() does not make the file look replaced.
+    """
+    absolute = os.path.abspath(path)
+    return absolute, _file_identity(absolute)
 
 
 def _file_identity(path: str) -> tuple[int, int]:
@@ -830,8 +840,7 @@ class SqliteBackend:
         try:
             await backend.read(partial(configure, file=path != MEMORY, options=options))
             if path != MEMORY:
-                backend._path = path
-                backend._identity = _file_identity(path)
+                backend._path, backend._identity = _locate(path)
             if options.migrate:
                 await backend.read(backend.migrate_op)
         except BaseException:

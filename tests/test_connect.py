@@ -159,3 +159,17 @@ async def test_paths_with_unicode_and_spaces(tmp_path: Path) -> None:
         await store.insert_run(run)
         assert await store.get_run(run.id) == run
     assert path.exists()
+
+
+async def test_a_relative_path_survives_a_change_of_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store opened by a relative path keeps writing after the process changes directory."""
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    async with Store.connect("sqlite://control.db") as store:
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        run = make_run()
+        await store.insert_run(run)
+        assert await store.get_run(run.id) == run
+    assert not (tmp_path / "elsewhere" / "control.db").exists()
