@@ -568,9 +568,16 @@ def _leniently(conn: sqlite3.Connection, query: Callable[[], T]) -> T:
     except sqlite3.OperationalError as exc:
         if _NOT_UTF8 not in str(exc):
             raise
+    with _lenient_text(conn):
+        return query()
+
+
+@contextlib.contextmanager
+def _lenient_text(conn: sqlite3.Connection) -> Iterator[None]:
+    """Within: TEXT that is not UTF-8 arrives as bytes, for the codec to report by row."""
     conn.text_factory = _codec.lenient_text
     try:
-        return query()
+        yield
     finally:
         conn.text_factory = str
 
@@ -652,25 +659,25 @@ def op_check(conn: sqlite3.Connection) -> list[Problem]:
     conn.execute("BEGIN")  # deferred: one read snapshot for every query, no write lock
     # Text that is not UTF-8 arrives as bytes, so the decoders below report the row instead of
     # sqlite3 failing the whole check.
-    conn.text_factory = _codec.lenient_text
     try:
-        try:
-            for (result,) in conn.execute("PRAGMA integrity_check"):
-                if result != "ok":
-                    found("database", "", f"SQLite integrity check: {result}")
-        except sqlite3.DatabaseError as exc:  # damage so deep the check itself cannot run
-            found("database", "", f"SQLite integrity check failed: {exc}; restore from a backup")
-        damaged = bool(problems)
-        try:
-            _check_rows(conn, found)
-        except sqlite3.DatabaseError as exc:
-            # A damaged b-tree can fail the queries below (SQLITE_CORRUPT); the integrity
-            # check has already said why, so report rather than raise.
-            if not damaged:
-                raise
-            found("database", "", f"rows could not all be read ({exc}); restore from a backup")
+        with _lenient_text(conn):
+            try:
+                for (result,) in conn.execute("PRAGMA integrity_check"):
+                    if result != "ok":
+                        found("database", "", f"SQLite integrity check: {result}")
+            except sqlite3.DatabaseError as exc:  # damage so deep the check itself cannot run
+                message = f"SQLite integrity check failed: {exc}; restore from a backup"
+                found("database", "", message)
+            damaged = bool(problems)
+            try:
+                _check_rows(conn, found)
+            except sqlite3.DatabaseError as exc:
+                # A damaged b-tree can fail the queries below (SQLITE_CORRUPT); the integrity
+                # check has already said why, so report rather than raise.
+                if not damaged:
+                    raise
+                found("database", "", f"rows could not all be read ({exc}); restore from a backup")
     finally:
-        conn.text_factory = str
         try:
             conn.execute("COMMIT")
         except sqlite3.Error:  # a read transaction: rolling back loses nothing
@@ -711,21 +718,15 @@ def op_claim_next_run(conn: sqlite3.Connection) -> Run | None:
     # The claim cannot be read twice like the other reads (the first attempt already moved the
     # run), so its one row is always read with the lenient factory: a non-UTF-8 value becomes a
     # CorruptRowError naming the row, and the claim rolls back with the transaction.
-    conn.text_factory = _codec.lenient_text
-    try:
+    with _lenient_text(conn):
         rows = conn.execute(CLAIM_NEXT_RUN).fetchall()
-    finally:
-        conn.text_factory = str
     return _codec.decode_run(rows[0]) if rows else None
 
 
 def op_claim_runs(limit: int, conn: sqlite3.Connection) -> list[Run]:
     # Read leniently for the reason op_claim_next_run gives.
-    conn.text_factory = _codec.lenient_text
-    try:
+    with _lenient_text(conn):
         rows = conn.execute(CLAIM_RUNS, (limit,)).fetchall()
-    finally:
-        conn.text_factory = str
     rows.sort(key=_claim_order)
     return [_codec.decode_run(row[1:]) for row in rows]
 
