@@ -48,6 +48,8 @@ T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], T]
 
 MEMORY: Final = ":memory:"
+# Error names meaning "another connection holds the lock": wait and retry, or report busy.
+_BUSY: Final = ("SQLITE_BUSY", "SQLITE_LOCKED")
 _SCHEME: Final = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 _CREDENTIALS: Final = re.compile(r"//([^/@:]*):[^/@]*@")
 
@@ -283,7 +285,7 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
     if isinstance(exc, sqlite3.Error):
         name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
         detail = f"{exc} ({name})"
-        if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        if name.startswith(_BUSY):
             error = DatabaseBusyError(
                 f"{database} is locked: another connection held its write lock for longer than "
                 f"busy_timeout={busy_timeout:g}s [{detail}]; retry the call, or connect with a "
@@ -398,7 +400,7 @@ def configure(conn: sqlite3.Connection, *, file: bool, options: Options) -> None
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             except sqlite3.OperationalError as exc:
                 name = getattr(exc, "sqlite_errorname", "")
-                if not name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+                if not name.startswith(_BUSY):
                     raise
                 mode = None
                 if time.monotonic() >= deadline:
