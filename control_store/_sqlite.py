@@ -5,7 +5,9 @@ Everything SQLite-specific lives here, so that another backend is an addition, n
 Shape of every call: the whole transaction is one synchronous function run on aiosqlite's
 worker thread, so each call costs one thread hop (~15-20 µs) and no transaction can be left
 open by a cancelled task: the function always ends in COMMIT or ROLLBACK before the thread
-takes the next one. Write calls that arrive while the thread is busy are grouped into one
+takes the next one. On an in-memory database, small calls (a bounded number of rows) run the
+same function inline on the event loop's thread instead, with no hop: there is no file to
+wait on, so they cannot block the loop for long (see SqliteBackend._inline_ok). Write calls that arrive while the thread is busy are grouped into one
 transaction and one commit (group commit), each in its own savepoint, so one caller's error
 rolls back only its own work and every caller gets its own result only after the commit that
 holds its write.
@@ -18,8 +20,9 @@ import contextlib
 import os
 import re
 import sqlite3
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -366,6 +369,12 @@ def check_worker(conn: aiosqlite.Connection) -> None:
             f"({aiosqlite.__version__}) does not have as expected (missing: {missing or '_tx'}); "
             "install an aiosqlite version control_store supports (see pyproject.toml)"
         )
+
+
+async def _suspend() -> None:
+    """Yield to the event loop once, after an inline call ran: as a hop would, every call stays
+    a suspension point, so a task polling the store cannot starve the others."""
+    await asyncio.sleep(0)
 
 
 def on_thread(conn: aiosqlite.Connection, fn: Callable[[], T]) -> asyncio.Future[T]:
@@ -826,13 +835,25 @@ class SqliteBackend:
         self._flusher: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()  # set while no write is in flight or queued
         self._idle.set()
+        # Held by whoever is using the sqlite3 connection: the worker thread for each function
+        # it runs, or the event loop's thread for a call run inline (see _inline_ok).
+        self._lock = threading.Lock()
+        # Small calls on an in-memory database run inline on the event loop's thread: there is
+        # no file to wait on (no fsync, no other process's lock), so the thread hop would be
+        # most of their cost. Set by open(); file databases always hop.
+        self._inline = False
+        self._closing = False
 
     @classmethod
     async def open(cls, url: str | os.PathLike[str], options: Options) -> SqliteBackend:
         path = parse_url(url)
         database = "the in-memory database" if path == MEMORY else f"database {path!r}"
         try:
-            conn = await aiosqlite.connect(path, isolation_level=None)
+            # check_same_thread=False: an in-memory store runs small calls on the loop's
+            # thread too, serialised with the worker thread by the backend's lock.
+            conn = await aiosqlite.connect(
+                path, isolation_level=None, check_same_thread=path != MEMORY
+            )
         except sqlite3.Error as exc:
             raise translate(exc, database=database, busy_timeout=options.busy_timeout) from exc
         try:
@@ -844,6 +865,8 @@ class SqliteBackend:
             await backend.read(partial(configure, file=path != MEMORY, options=options))
             if path != MEMORY:
                 backend._path, backend._identity = _locate(path)
+            else:
+                backend._inline = True
             if options.migrate:
                 await backend.read(backend.migrate_op)
         except BaseException:
@@ -854,6 +877,7 @@ class SqliteBackend:
     async def close(self) -> None:
         # Every write already accepted finishes (and commits) before the connection closes:
         # a caller handed to the group commit gets its result, not a closed connection.
+        self._closing = True  # calls that arrive from now on hop, and meet the closed connection
         await self._idle.wait()
         with contextlib.suppress(Exception):
             await self._conn.close()
@@ -873,25 +897,70 @@ class SqliteBackend:
             raise exc
         raise error from exc
 
-    def read(self, op: Op[T]) -> asyncio.Future[T]:
-        """Run ``op`` on the worker thread outside any explicit transaction; await the result.
+    def read(self, op: Op[T], *, small: bool = False) -> Awaitable[T]:
+        """Run ``op`` outside any explicit transaction; await the result.
 
-        One hop, and no coroutine of ours on the hot path: errors are translated on the
-        worker thread (_run_read), so the future already carries the ControlError.
+        ``small``: the op reads a bounded number of rows, so on an in-memory database it may
+        run inline (see _inline_ok). Otherwise one hop, and no coroutine of ours on the hot
+        path: errors are translated on the worker thread (_run_read), so the future already
+        carries the ControlError.
         """
+        if small and self._inline:
+            return self._read_inline(op)
+        return self._hop_read(op)
+
+    def _hop_read(self, op: Op[T]) -> asyncio.Future[T]:
         try:
             return on_thread(self._conn, partial(self._run_read, op))
         except Exception as exc:  # the connection is closed
             self._raise(exc)
 
+    async def _read_inline(self, op: Op[T]) -> T:
+        if not self._inline_ok():
+            return await self._hop_read(op)
+        try:
+            result = self._run_read_locked(op)
+        finally:
+            self._lock.release()
+        await _suspend()
+        return result
+
+    def _inline_ok(self) -> bool:
+        """Whether a small call may run here, on the loop's thread; if so, the lock is held.
+
+        Only for an in-memory database, and only between two whole functions of the worker
+        thread: the lock is free only when the worker is not inside one, and it is taken
+        without waiting, so the event loop never blocks on the worker. A call that finds it
+        taken hops, and queues behind whatever holds it. Once close() began, calls hop too,
+        and meet the closed connection.
+        """
+        return self._inline and not self._closing and self._lock.acquire(blocking=False)
+
     def _run_read(self, op: Op[T]) -> T:
+        with self._lock:
+            return self._run_read_locked(op)
+
+    def _run_read_locked(self, op: Op[T]) -> T:
         try:
             return op(self._raw)
         except Exception as exc:
             self._raise(exc)
 
-    async def write(self, op: Op[T]) -> T:
-        """Run ``op`` in a write transaction, grouped with any writes waiting meanwhile."""
+    async def write(self, op: Op[T], *, small: bool = False) -> T:
+        """Run ``op`` in a write transaction, grouped with any writes waiting meanwhile.
+
+        ``small``: as for read(); inline, the call is its own transaction (in memory a commit
+        costs no fsync, so grouping would buy nothing).
+        """
+        if small and self._inline_ok():
+            try:
+                ok, value = self._transact_one_locked(op)
+            finally:
+                self._lock.release()
+            await _suspend()
+            if ok:
+                return cast(T, value)
+            raise value
         if self._writing:
             future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
             self._pending.append((op, future))
@@ -968,6 +1037,10 @@ class SqliteBackend:
         The common case (one caller at a time) with no savepoint: the op's error rolls back the
         whole transaction, which holds nothing else.
         """
+        with self._lock:
+            return self._transact_one_locked(op)
+
+    def _transact_one_locked(self, op: Op[Any]) -> tuple[bool, Any]:
         conn = self._raw
         try:
             # IMMEDIATE: a deferred transaction that reads then writes gets SQLITE_BUSY at once
@@ -995,6 +1068,10 @@ class SqliteBackend:
         a failing op rolls back only itself; an error that ends the transaction itself (disk
         full, I/O) or a failed COMMIT fails every op, none of which took effect.
         """
+        with self._lock:
+            return self._transact_locked(ops)
+
+    def _transact_locked(self, ops: Sequence[Op[Any]]) -> list[tuple[bool, Any]]:
         conn = self._raw
         try:
             conn.execute("BEGIN IMMEDIATE")  # IMMEDIATE: see _transact_one

@@ -28,6 +28,9 @@ def _id(value: object, *, what: str) -> str:
 
 
 _INT64_MAX = 2**63 - 1
+# Calls touching at most this many rows are "small": an in-memory store may run them inline on
+# the event loop's thread (about 1 ms at most), where bigger ones go to the worker thread.
+_SMALL_BATCH = 256
 
 
 class _Connecting:
@@ -121,13 +124,13 @@ class Store:
         """Store a new run. A run with the same id is refused (``AlreadyExistsError``)."""
         backend = self._open()
         params = _codec.run_params(run)
-        await backend.write(partial(_sqlite.op_insert_run, params))
+        await backend.write(partial(_sqlite.op_insert_run, params), small=True)
 
     async def get_run(self, run_id: uuid.UUID) -> Run | None:
         """The run with this id, or None."""
         backend = self._open()
         key = _id(run_id, what="run_id")
-        return await backend.read(partial(_sqlite.op_get_run, key))
+        return await backend.read(partial(_sqlite.op_get_run, key), small=True)
 
     async def insert_jobs(self, jobs: Iterable[Job]) -> None:
         """Store jobs in one transaction: all of them, or none on any error.
@@ -147,7 +150,7 @@ class Store:
         """The job with this id, or None."""
         backend = self._open()
         key = _id(job_id, what="job_id")
-        return await backend.read(partial(_sqlite.op_get_job, key))
+        return await backend.read(partial(_sqlite.op_get_job, key), small=True)
 
     async def list_jobs(self, run_id: uuid.UUID) -> list[Job]:
         """The jobs of a run, in the order they were inserted (empty if there are none)."""
@@ -161,7 +164,7 @@ class Store:
         No two claimers, in this process or any other on the same database, get the same run.
         """
         backend = self._open()
-        return await backend.write(_sqlite.op_claim_next_run)
+        return await backend.write(_sqlite.op_claim_next_run, small=True)
 
     async def record_job_outcome(self, run_id: uuid.UUID, outcome: JobOutcome) -> bool:
         """Record a job's outcome once; True if newly recorded, False for a redelivery.
@@ -175,7 +178,8 @@ class Store:
         run_key = _id(run_id, what="run_id")
         payload = _codec.outcome_json(outcome)
         job_key = str(outcome.job_id)
-        return await backend.write(partial(_sqlite.op_record_outcome, run_key, job_key, payload))
+        op = partial(_sqlite.op_record_outcome, run_key, job_key, payload)
+        return await backend.write(op, small=True)
 
     async def claim_runs(self, limit: int) -> list[Run]:
         """Atomically move up to ``limit`` of the oldest queued runs to running; oldest first.
@@ -189,7 +193,8 @@ class Store:
                 f"limit must be an int from 1 to {_INT64_MAX}, got {limit!r}; "
                 "use claim_next_run() for a single run"
             )
-        return await backend.write(partial(_sqlite.op_claim_runs, limit))
+        op = partial(_sqlite.op_claim_runs, limit)
+        return await backend.write(op, small=limit <= _SMALL_BATCH)
 
     async def record_job_outcomes(
         self, run_id: uuid.UUID, outcomes: Iterable[JobOutcome]
@@ -217,7 +222,8 @@ class Store:
             rows.append((str(outcome.job_id), payload))
         if not rows:
             return []
-        return await backend.write(partial(_sqlite.op_record_outcomes, run_key, rows))
+        op = partial(_sqlite.op_record_outcomes, run_key, rows)
+        return await backend.write(op, small=len(rows) <= _SMALL_BATCH)
 
     async def list_runs(
         self, *, status: RunStatus | None = None, limit: int | None = None
@@ -236,7 +242,8 @@ class Store:
         elif not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise InvalidInputError(f"limit must be an int >= 0 or None, got {limit!r}")
         key = None if status is None else status.value
-        return await backend.read(lambda conn: _sqlite.op_list_runs(key, limit, conn))
+        op = partial(_sqlite.op_list_runs, key, limit)
+        return await backend.read(op, small=0 <= limit <= _SMALL_BATCH)
 
     async def check(self) -> list[Problem]:
         """Look for inconsistencies without changing anything; [] means the store is sound.

@@ -6,6 +6,7 @@ import asyncio
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from pathlib import Path
 
 import aiosqlite
@@ -20,6 +21,7 @@ from control_store import (
     NotFoundError,
     Run,
     Store,
+    StoreClosedError,
     _sqlite,
 )
 
@@ -159,8 +161,10 @@ async def test_every_lone_write_takes_the_write_lock_first(store: Store) -> None
 # --- group commit ---------------------------------------------------------------------------
 
 
-async def test_concurrent_writers_share_one_commit(store: Store) -> None:
-    """64 concurrent records take two commits: the first caller's and one for the other 63."""
+async def test_concurrent_writers_share_one_commit(file_store: Store) -> None:
+    """On a file, 64 concurrent records take two commits: the first caller's and one for the
+    other 63 (in memory each runs inline, on its own: see test_small_calls_in_memory_...)."""
+    store = file_store
     run = make_run(job_count=64)
     jobs = make_jobs(run)
     await store.insert_run(run)
@@ -336,3 +340,131 @@ async def test_a_run_written_in_a_group_reads_back_equal(store: Store) -> None:
     runs = [Run("m", ["a"], 1, 1) for _ in range(10)]
     await asyncio.gather(*(store.insert_run(run) for run in runs))
     assert [await store.get_run(run.id) for run in runs] == runs
+
+
+# --- in memory, small calls run inline on the event loop's thread ---------------------------
+
+
+async def threads_of(store: Store) -> list[int]:
+    """The thread that ran each statement of the store's connection, as they run."""
+    seen: list[int] = []
+    backend = backend_of(store)
+    await backend.read(
+        lambda conn: conn.set_trace_callback(lambda _: seen.append(threading.get_ident()))
+    )
+    seen.clear()
+    return seen
+
+
+async def test_small_calls_in_memory_run_inline_and_big_ones_hop() -> None:
+    """In memory, bounded calls run on the loop's thread; unbounded ones on the worker's."""
+    async with Store.in_memory() as store:
+        loop_thread = threading.get_ident()
+        worker = backend_of(store)._conn._thread.ident
+        run = make_run(job_count=2)
+        jobs = make_jobs(run)
+        seen = await threads_of(store)
+        await store.insert_run(run)
+        await store.get_run(run.id)
+        await store.claim_next_run()
+        assert seen
+        assert set(seen) == {loop_thread}
+        seen.clear()
+        await store.insert_jobs(jobs)
+        await store.list_jobs(run.id)
+        await store.check()
+        assert seen
+        assert set(seen) == {worker}
+        seen.clear()
+        await store.record_job_outcomes(run.id, [JobOutcome(jobs[0].id)])
+        await store.claim_runs(256)
+        assert seen
+        assert set(seen) == {loop_thread}
+        seen.clear()
+        await store.claim_runs(257)
+        assert seen
+        assert set(seen) == {worker}
+
+
+async def test_file_calls_always_hop(file_store: Store) -> None:
+    """On a file every call runs on the worker thread: a file may make a call wait."""
+    worker = backend_of(file_store)._conn._thread.ident
+    run = make_run()
+    seen = await threads_of(file_store)
+    await file_store.insert_run(run)
+    await file_store.get_run(run.id)
+    await file_store.claim_next_run()
+    assert seen
+    assert set(seen) == {worker}
+
+
+async def test_an_inline_call_waits_for_the_workers_transaction() -> None:
+    """While the worker holds a transaction, a small call hops and runs after its COMMIT."""
+    async with Store.in_memory() as store:
+        holder = make_run(job_count=2)
+        await store.insert_run(holder)
+        gate = Gate(make_jobs(holder))
+        trace = await count_commits(store)
+        first = asyncio.create_task(store.insert_jobs(gate))
+        await wait_entered(gate)
+        late = make_run()
+        inserting = asyncio.create_task(store.insert_run(late))
+        reading = asyncio.create_task(store.get_run(holder.id))
+        await asyncio.sleep(0.05)  # both had their turn on the loop, and must not have run
+        assert not inserting.done()
+        assert not reading.done()
+        gate.release.set()
+        await first
+        await inserting
+        assert await reading == holder
+        # The gate's transaction committed whole before the late insert began.
+        first_commit = trace.index("COMMIT")
+        assert not any(s.startswith("INSERT INTO runs") for s in trace[:first_commit])
+        assert await store.get_run(late.id) == late
+
+
+async def test_inline_calls_let_other_tasks_run() -> None:
+    """A task polling an in-memory store does not starve the task it is waiting for."""
+    async with Store.in_memory() as store:
+        run = make_run()
+
+        async def insert_later() -> None:
+            for _ in range(3):
+                await asyncio.sleep(0)
+            await store.insert_run(run)
+
+        inserter = asyncio.create_task(insert_later())
+        polls = 0
+        while await store.get_run(run.id) is None:
+            polls += 1
+        await inserter
+        assert polls >= 1
+
+
+async def test_a_cancelled_inline_call_has_run_whole_or_not_at_all() -> None:
+    """Cancelled before it starts, an inline write does nothing; cancelled at its suspension
+    after running, it took effect (as a call already on the worker thread does). Never half."""
+    async with Store.in_memory() as store:
+        never, ran = make_run(), make_run()
+        unstarted = asyncio.create_task(store.insert_run(never))
+        unstarted.cancel()
+        started = asyncio.create_task(store.insert_run(ran))
+        await asyncio.sleep(0)  # started ran its transaction and is suspended after it
+        started.cancel()
+        for task in (unstarted, started):
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert await store.get_run(never.id) is None
+        assert await store.get_run(ran.id) == ran
+        assert not await backend_of(store).read(lambda conn: conn.in_transaction)
+
+
+async def test_a_call_after_close_began_is_refused_cleanly() -> None:
+    """A small call that gets the backend while close() is under way says the store closed."""
+    store = await Store.in_memory()
+    backend = backend_of(store)
+    closing = asyncio.create_task(store.close())
+    await asyncio.sleep(0)  # close() has begun: the worker is closing the connection
+    with pytest.raises(StoreClosedError):
+        await backend.read(partial(_sqlite.op_get_run, str(make_run().id)), small=True)
+    await closing
