@@ -8,9 +8,10 @@ Reading: a row becomes a model, and any value this version cannot read becomes a
 
 from __future__ import annotations
 
+import itertools
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -24,8 +25,18 @@ _encode: Final = msgspec.json.Encoder().encode
 _decode_models: Final = msgspec.json.Decoder(list[str]).decode
 _decode_spec: Final = msgspec.json.Decoder(EvalJob).decode
 _decode_outcome: Final = msgspec.json.Decoder(JobOutcome).decode
-# msgspec parses UUID text ~3x faster than uuid.UUID(); a failure is a msgspec.ValidationError.
+# msgspec parses UUID text ~3x faster than uuid.UUID(), and RFC 3339 text; a failure is a
+# msgspec.ValidationError.
+_convert: Final = msgspec.convert
 _to_uuid: Final = msgspec.convert
+_DATETIMES: Final = list[datetime]
+# Batch decoding: a column of JSON texts joined into one JSON array, decoded in one C call.
+_decode_model_lists: Final = msgspec.json.Decoder(list[list[str]]).decode
+_decode_specs: Final = msgspec.json.Decoder(list[EvalJob]).decode
+_decode_outcomes: Final = msgspec.json.Decoder(list[JobOutcome]).decode
+_UUIDS: Final = list[uuid.UUID]
+_ONLY_INT: Final = {int}
+_ONLY_STR: Final = {str}
 
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
@@ -60,8 +71,9 @@ def format_timestamp(value: datetime, *, what: str) -> str:
 
 
 def _parse_timestamp(text: str) -> datetime:
-    # fromisoformat is ~40x faster than strptime, but lenient (it takes "," for ".", a space
-    # for "T", offsets): the positional checks admit only the one form format_timestamp writes.
+    # msgspec parses RFC 3339 ~40x faster than strptime, but takes several forms (a space for
+    # "T", offsets, any number of fractional digits): the positional checks admit only the one
+    # form format_timestamp writes. _timestamps_in_form makes them on a whole column at once.
     if (
         len(text) != _TIMESTAMP_LENGTH
         or text[10] != "T"
@@ -74,7 +86,32 @@ def _parse_timestamp(text: str) -> datetime:
         or not text[:4].isdigit()
     ):
         raise ValueError("not fixed-width RFC 3339 UTC")
-    return datetime.fromisoformat(text)  # "Z" becomes datetime.UTC itself on 3.11+
+    return _convert(text, datetime)  # as _runs_of_columns converts a whole column
+
+
+# (index, character) that every stored timestamp has; see _parse_timestamp.
+_TIMESTAMP_MARKS: Final = (
+    (10, "T"),
+    (19, "."),
+    (26, "Z"),
+    (4, "-"),
+    (7, "-"),
+    (13, ":"),
+    (16, ":"),
+)
+
+
+def _timestamps_in_form(texts: Sequence[str]) -> bool:
+    """_parse_timestamp's positional checks over a column of str, a few C calls in all."""
+    if set(map(len, texts)) != {_TIMESTAMP_LENGTH}:
+        return False
+    joined = "".join(texts)
+    n = len(texts)
+    step = _TIMESTAMP_LENGTH
+    # Every text has the same length, so joined[i::step] is character i of each, in order.
+    if any(joined[i::step] != mark * n for i, mark in _TIMESTAMP_MARKS):
+        return False
+    return all(joined[i::step].isdigit() for i in range(4))  # text[:4].isdigit(), per text
 
 
 def _check_int(value: object, *, what: str, minimum: int = _INT64_MIN) -> None:
@@ -354,6 +391,108 @@ class _Reader:
             raise self.corrupt(column, value, f"expected one of {allowed}") from exc
 
 
+def decode_runs(rows: Sequence[Sequence[Any]]) -> list[Run]:
+    """Runs from rows selected as RUN_COLUMNS.
+
+    The batch fast path: each column is checked and converted whole, in a few C calls
+    (msgspec, set(), min(), str.join), then the runs are built. It admits exactly what
+    decode_run admits; any row it cannot take sends every row through decode_run, which
+    raises the CorruptRowError naming the bad cell.
+    """
+    if not rows:
+        return []
+    try:
+        ids, manifests, models, epochs, job_counts, statuses, created, done_counts = zip(
+            *rows, strict=True
+        )
+        status_of = _RUN_STATUS
+        return _runs_of_columns(
+            ids,
+            manifests,
+            models,
+            epochs,
+            job_counts,
+            [status_of[s] for s in statuses],
+            created,
+            done_counts,
+        )
+    except (TypeError, ValueError, KeyError):
+        return [decode_run(row) for row in rows]
+
+
+# What a claim returns: the rowid (to sort by), then RUN_COLUMNS but status, which the claim
+# has just set to 'running' (fetching it would only cost time).
+CLAIMED_COLUMNS: Final = "rowid, id, manifest, models, epochs, job_count, created_at, done_count"
+
+
+def decode_claimed(rows: Sequence[Sequence[Any]]) -> list[Run]:
+    """Runs from rows selected as CLAIMED_COLUMNS, all running; the fast path of decode_runs."""
+    if not rows:
+        return []
+    try:
+        _, ids, manifests, models, epochs, job_counts, created, done_counts = zip(
+            *rows, strict=True
+        )
+        statuses = itertools.repeat(RunStatus.RUNNING, len(rows))
+        return _runs_of_columns(
+            ids, manifests, models, epochs, job_counts, statuses, created, done_counts
+        )
+    except (TypeError, ValueError, KeyError):
+        return [decode_run((*row[1:6], RunStatus.RUNNING.value, *row[6:])) for row in rows]
+
+
+def _runs_of_columns(
+    ids: Sequence[Any],
+    manifests: Sequence[Any],
+    models: Sequence[Any],
+    epochs: Sequence[Any],
+    job_counts: Sequence[Any],
+    statuses: Iterable[RunStatus],
+    created: Sequence[Any],
+    done_counts: Sequence[Any],
+) -> list[Run]:
+    if not (
+        set(map(type, ids)) == _ONLY_STR  # msgspec would take bytes for a UUID too
+        and set(map(type, manifests)) == _ONLY_STR
+        and set(map(type, created)) == _ONLY_STR
+        and set(map(type, epochs)) == _ONLY_INT
+        and set(map(type, job_counts)) == _ONLY_INT
+        and set(map(type, done_counts)) == _ONLY_INT
+        and min(epochs) >= 1
+        and min(job_counts) >= 0
+        and min(done_counts) >= 0
+        and _timestamps_in_form(created)
+    ):
+        raise ValueError("a column holds a value decode_run would refuse")
+    run_ids = _to_uuid(ids, _UUIDS)
+    model_lists = _json_column(_decode_model_lists, models)  # a text that is not str: TypeError
+    times = _convert(created, _DATETIMES)
+    return [
+        Run(m, ml, e, j, id=i, status=s, created_at=c, done_count=d)
+        for i, m, ml, e, j, s, c, d in zip(
+            run_ids,
+            manifests,
+            model_lists,
+            epochs,
+            job_counts,
+            statuses,
+            times,
+            done_counts,
+            strict=True,
+        )
+    ]
+
+
+def _json_column(decode: Any, texts: Sequence[str]) -> list[Any]:
+    """Decode a column of JSON texts as one array. If a text held more or fewer than one value
+    (say '["a"],["b"]'), the count differs: ValueError, and the caller goes row by row. (A text
+    can hold zero values only by being empty or blank, which breaks the array's JSON.)"""
+    values: list[Any] = decode("[" + ",".join(texts) + "]")
+    if len(values) != len(texts):
+        raise ValueError("a JSON text holds more than one value")
+    return values
+
+
 def decode_run(row: Sequence[Any]) -> Run:
     """A Run from a ``runs`` row selected as RUN_COLUMNS."""
     # The hot path (every claim returns runs): the same checks as _checked_run, inline, with
@@ -400,6 +539,53 @@ def _checked_run(row: Sequence[Any]) -> Run:
         created_at=r.timestamp(6, "created_at"),
         done_count=r.integer(7, "done_count"),
     )
+
+
+def decode_jobs(rows: Sequence[Sequence[Any]]) -> list[Job]:
+    """Jobs from rows selected as JOB_COLUMNS; the batch fast path, as decode_runs."""
+    if not rows:
+        return []
+    try:
+        return _jobs_of_columns(list(zip(*rows, strict=True)))
+    except (TypeError, ValueError, KeyError):
+        return [decode_job(row) for row in rows]
+
+
+def _jobs_of_columns(columns: list[tuple[Any, ...]]) -> list[Job]:
+    ids, run_ids, specs, statuses, attempts, outcomes = columns
+    if not (
+        set(map(type, ids)) == _ONLY_STR  # msgspec would take bytes for a UUID too
+        and set(map(type, run_ids)) == _ONLY_STR
+        and set(map(type, specs)) == _ONLY_STR
+        and set(map(type, attempts)) == _ONLY_INT
+        and min(attempts) >= 0
+        and set(map(type, outcomes)) <= {str, type(None)}
+    ):
+        raise ValueError("a column holds a value decode_job would refuse")
+    job_ids = _to_uuid(ids, _UUIDS)
+    distinct = set(run_ids)
+    if len(distinct) == 1:  # the usual case, one run's jobs: parse its id once
+        run_id = _to_uuid(run_ids[0], uuid.UUID)
+        parents: Iterable[uuid.UUID] = itertools.repeat(run_id, len(run_ids))
+    else:
+        parents = _to_uuid(run_ids, _UUIDS)
+    spec_list = _json_column(_decode_specs, specs)
+    recorded = [o for o in outcomes if o is not None]
+    decoded = iter(_json_column(_decode_outcomes, recorded) if recorded else ())
+    status_of = _JOB_STATUS
+    return [
+        Job(
+            r,
+            sp,
+            id=i,
+            status=status_of[st],
+            attempt=a,
+            outcome=None if o is None else next(decoded),
+        )
+        for i, r, sp, st, a, o in zip(
+            job_ids, parents, spec_list, statuses, attempts, outcomes, strict=True
+        )
+    ]
 
 
 def decode_job(row: Sequence[Any]) -> Job:

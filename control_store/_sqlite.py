@@ -7,16 +7,17 @@ worker thread, so each call costs one thread hop (~15-20 µs) and no transaction
 open by a cancelled task: the function always ends in COMMIT or ROLLBACK before the thread
 takes the next one. On an in-memory database, small calls (a bounded number of rows) run the
 same function inline on the event loop's thread instead, with no hop: there is no file to
-wait on, so they cannot block the loop for long (see SqliteBackend._inline_ok). Write calls that arrive while the thread is busy are grouped into one
-transaction and one commit (group commit), each in its own savepoint, so one caller's error
-rolls back only its own work and every caller gets its own result only after the commit that
-holds its write.
+wait on, so they cannot block the loop for long (see SqliteBackend._inline_ok). Write calls
+that arrive while the thread is busy are grouped into one transaction and one commit (group
+commit), each in its own savepoint, so one caller's error rolls back only its own work and
+every caller gets its own result only after the commit that holds its write.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import operator
 import os
 import re
 import sqlite3
@@ -79,7 +80,7 @@ UPDATE runs SET status = 'running'
 WHERE rowid = (
     SELECT rowid FROM runs WHERE status = 'queued' ORDER BY created_at, rowid LIMIT 1
 )
-RETURNING {_RUN_COLUMNS}
+RETURNING {_codec.CLAIMED_COLUMNS}
 """
 
 # The batch claim: the same guard as CLAIM_NEXT_RUN over the oldest `limit` queued runs, in one
@@ -91,7 +92,7 @@ UPDATE runs SET status = 'running'
 WHERE rowid IN (
     SELECT rowid FROM runs WHERE status = 'queued' ORDER BY created_at, rowid LIMIT ?
 )
-RETURNING rowid, {_RUN_COLUMNS}
+RETURNING {_codec.CLAIMED_COLUMNS}
 """
 
 # The record's guard: only a job of this run that is not yet done changes, so a redelivered
@@ -617,7 +618,7 @@ def op_get_job(job_id: str, conn: sqlite3.Connection) -> Job | None:
 
 def op_list_jobs(run_id: str, conn: sqlite3.Connection) -> list[Job]:
     rows = _leniently(conn, lambda: conn.execute(SELECT_JOBS_OF_RUN, (run_id,)).fetchall())
-    return [_codec.decode_job(row) for row in rows]
+    return _codec.decode_jobs(rows)
 
 
 def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
@@ -657,7 +658,7 @@ def op_list_runs(status: str | None, limit: int, conn: sqlite3.Connection) -> li
             return conn.execute(SELECT_RUNS, (limit,)).fetchall()
         return conn.execute(SELECT_RUNS_BY_STATUS, (status, limit)).fetchall()
 
-    return [_codec.decode_run(row) for row in _leniently(conn, query)]
+    return _codec.decode_runs(_leniently(conn, query))
 
 
 def op_check(conn: sqlite3.Connection) -> list[Problem]:
@@ -726,25 +727,44 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
 
 
 def op_claim_next_run(conn: sqlite3.Connection) -> Run | None:
-    # The claim cannot be read twice like the other reads (the first attempt already moved the
-    # run), so its one row is always read with the lenient factory: a non-UTF-8 value becomes a
-    # CorruptRowError naming the row, and the claim rolls back with the transaction.
-    with _lenient_text(conn):
-        rows = conn.execute(CLAIM_NEXT_RUN).fetchall()
-    return _codec.decode_run(rows[0]) if rows else None
+    runs = _codec.decode_claimed(_claim(conn, CLAIM_NEXT_RUN, ()))
+    return runs[0] if runs else None
 
 
 def op_claim_runs(limit: int, conn: sqlite3.Connection) -> list[Run]:
-    # Read leniently for the reason op_claim_next_run gives.
-    with _lenient_text(conn):
-        rows = conn.execute(CLAIM_RUNS, (limit,)).fetchall()
-    rows.sort(key=_claim_order)
-    return [_codec.decode_run(row[1:]) for row in rows]
+    rows = _claim(conn, CLAIM_RUNS, (limit,))
+    # (created_at, rowid): the subquery's order. A created_at that is not text can make the
+    # sort fail; decode_runs then raises the CorruptRowError that names it.
+    with contextlib.suppress(TypeError):
+        rows.sort(key=_CLAIM_ORDER)
+    return _codec.decode_claimed(rows)
 
 
-def _claim_order(row: tuple[Any, ...]) -> tuple[Any, Any]:
-    # created_at is column 6 of RUN_COLUMNS, i.e. 7 after the leading rowid.
-    return (row[7], row[0])
+# (created_at, rowid) of a row of _codec.CLAIMED_COLUMNS.
+_CLAIM_ORDER: Final = operator.itemgetter(6, 0)
+
+
+def _claim(conn: sqlite3.Connection, sql: str, params: tuple[object, ...]) -> list[Any]:
+    """Run a claim and fetch its rows, with sqlite3's fast strict text decoding.
+
+    A claim cannot simply be read again like the other reads when stored text is not UTF-8
+    (see _leniently): the first attempt already moved the runs, since SQLite makes all of an
+    UPDATE ... RETURNING's changes before the first row comes back. So it runs in a
+    savepoint; on that failure it is undone and run again with the lenient text factory, and
+    decoding the row then raises the CorruptRowError that names it (rolling the claim back
+    with the call's transaction).
+    """
+    conn.execute("SAVEPOINT claim")
+    try:
+        rows = conn.execute(sql, params).fetchall()
+    except sqlite3.OperationalError as exc:
+        if _NOT_UTF8 not in str(exc):
+            raise
+        conn.execute("ROLLBACK TO claim")
+        with _lenient_text(conn):
+            rows = conn.execute(sql, params).fetchall()
+    conn.execute("RELEASE claim")
+    return rows
 
 
 def _why_unrecorded(run_id: str, job_id: str, conn: sqlite3.Connection) -> None:

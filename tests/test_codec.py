@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from control_store import CorruptRowError, EvalJob, Job, JobOutcome, Run, RunStatus, Store, _codec
 
-from conftest import make_run
+from conftest import make_run, sized
 
 
 def test_fast_and_checked_paths_encode_and_decode_alike() -> None:
@@ -71,3 +74,158 @@ async def test_early_years_keep_the_fixed_width(store: Store, created_at: dateti
     assert len(_codec.run_params(run)[6]) == len("2026-01-01T00:00:00.000000Z")
     await store.insert_run(run)
     assert await store.get_run(run.id) == run
+
+
+# --- batch decoders: exactly what the per-row decoders admit --------------------------------
+
+_GOOD_RUN = _codec.run_params(Run("m", ["a", "b"], 2, 5, status=RunStatus.RUNNING, done_count=1))
+_GOOD_JOB = _codec.job_params(Job(uuid.uuid4(), EvalJob("a", "s", 3), attempt=1))
+_DONE_JOB = (
+    *_GOOD_JOB[:3],
+    "done",
+    0,
+    _codec.outcome_json(JobOutcome(uuid.UUID(_GOOD_JOB[0]), score=0.5)),
+)
+
+
+def _near_misses() -> list[object]:
+    """Values a hand edit could leave in a cell, close to what each column holds."""
+    return [
+        "",
+        " ",
+        "null",
+        "[]",
+        '["a"],["b"]',
+        '["a"',
+        '"b"]',
+        "{}",
+        '{"model":"a"}, {}',
+        "queued",
+        "running",
+        "paused",
+        "2026-01-01T00:00:00.000000Z",
+        "2026-01-01 00:00:00.000000Z",
+        "2026-01-01T00:00:00.000000+00:00",
+        "2026-02-30T00:00:00.000000Z",
+        "\uff12026-01-01T00:00:00.000000Z",
+        str(uuid.uuid4()),
+        uuid.uuid4().hex,
+        0,
+        -1,
+        1,
+        2**62,
+        1.0,
+        b"\x00" * 16,
+        # Two JSON values in one text: joined into one array, they would shift the rows after.
+        f"{_DONE_JOB[5]},{_DONE_JOB[5]}",
+        '{"model":"a","sample_id":"s","epoch":1},{"model":"b","sample_id":"s","epoch":1}',
+        None,
+        "abc",
+        b"abc",
+    ]
+
+
+def _cell_values(good: object) -> st.SearchStrategy[object]:
+    """A column's good value, a near miss, or anything at all."""
+    return st.one_of(
+        st.just(good),
+        st.sampled_from(_near_misses()),
+        st.text(max_size=12),
+        st.integers(-(2**63), 2**63 - 1),
+        st.binary(max_size=16),
+        st.none(),
+    )
+
+
+@st.composite
+def _damaged(draw: st.DrawFn, good: tuple[object, ...]) -> tuple[object, ...]:
+    """``good`` with one or two cells replaced: rows that get far enough to test each check."""
+    row = list(good)
+    for index in draw(st.sets(st.integers(0, len(good) - 1), min_size=1, max_size=2)):
+        row[index] = draw(_cell_values(good[index]))
+    return tuple(row)
+
+
+def _rows(good: tuple[object, ...], extra: list[tuple[object, ...]]) -> st.SearchStrategy[Any]:
+    sound = st.sampled_from([good, *extra])
+    return st.lists(st.one_of(sound, *(_damaged(g) for g in [good, *extra])), max_size=4)
+
+
+def _each(decode: Any, rows: list[Any]) -> object:
+    """The per-row decoder over ``rows``: the list, or the error it raises first."""
+    try:
+        return [decode(row) for row in rows]
+    except CorruptRowError as exc:
+        return (type(exc), str(exc))
+
+
+def _batch(decode: Any, rows: list[Any]) -> object:
+    try:
+        return decode(rows)
+    except CorruptRowError as exc:
+        return (type(exc), str(exc))
+
+
+@settings(max_examples=sized(300, 2000), deadline=None, derandomize=True)
+@given(rows=_rows(_GOOD_RUN, []))
+def test_decode_runs_admits_exactly_what_decode_run_admits(rows: list[Any]) -> None:
+    """A batch of run rows decodes as its rows one by one do, or fails with the same error."""
+    assert _batch(_codec.decode_runs, rows) == _each(_codec.decode_run, rows)
+
+
+@settings(max_examples=sized(300, 2000), deadline=None, derandomize=True)
+@given(rows=_rows((7, *_GOOD_RUN[:5], *_GOOD_RUN[6:]), []))
+def test_decode_claimed_admits_exactly_what_decode_run_admits(rows: list[Any]) -> None:
+    """Claimed rows (rowid first, no status) decode as decode_run reads them as running."""
+
+    def one(row: Any) -> Run:
+        return _codec.decode_run((*row[1:6], "running", *row[6:]))
+
+    assert _batch(_codec.decode_claimed, rows) == _each(one, rows)
+
+
+@settings(max_examples=sized(300, 2000), deadline=None, derandomize=True)
+@given(rows=_rows(_GOOD_JOB, [_DONE_JOB]))
+def test_decode_jobs_admits_exactly_what_decode_job_admits(rows: list[Any]) -> None:
+    """A batch of job rows decodes as its rows one by one do, or fails with the same error."""
+    assert _batch(_codec.decode_jobs, rows) == _each(_codec.decode_job, rows)
+
+
+_BATCH_DECODERS = [
+    ("runs", _GOOD_RUN, _codec.decode_runs, _codec.decode_run),
+    (
+        "claimed",
+        (7, *_GOOD_RUN[:5], *_GOOD_RUN[6:]),
+        _codec.decode_claimed,
+        lambda row: _codec.decode_run((*row[1:6], "running", *row[6:])),
+    ),
+    ("jobs", _GOOD_JOB, _codec.decode_jobs, _codec.decode_job),
+    ("done jobs", _DONE_JOB, _codec.decode_jobs, _codec.decode_job),
+]
+
+
+@pytest.mark.parametrize(
+    ("good", "batch", "one"), [d[1:] for d in _BATCH_DECODERS], ids=[d[0] for d in _BATCH_DECODERS]
+)
+def test_every_near_miss_in_every_column_decodes_as_row_by_row(
+    good: tuple[object, ...], batch: Any, one: Any
+) -> None:
+    """Exhaustively: each near miss in each column, between sound rows, batch == row by row."""
+    for index in range(len(good)):
+        for value in _near_misses():
+            damaged = (*good[:index], value, *good[index + 1 :])
+            rows = [good, damaged, good]
+            assert _batch(batch, rows) == _each(one, rows), (index, value)
+
+
+def test_batch_decoders_take_the_fast_path_for_sound_rows() -> None:
+    """Sound rows never fall back to the per-row decoder (the fast path is really used)."""
+    runs = [_GOOD_RUN, _codec.run_params(Run("n", [], 1, 0))]
+    jobs = [_GOOD_JOB, _DONE_JOB]
+    claimed = [(i, *row[:5], *row[6:]) for i, row in enumerate(runs)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_codec, "decode_run", None)
+        patch.setattr(_codec, "decode_job", None)
+        assert [r.id for r in _codec.decode_runs(runs)] == [uuid.UUID(r[0]) for r in runs]
+        assert [r.status for r in _codec.decode_claimed(claimed)] == [RunStatus.RUNNING] * 2
+        assert [j.outcome is None for j in _codec.decode_jobs(jobs)] == [True, False]
