@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -34,7 +35,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -480,10 +483,87 @@ def _nothing() -> None:
 # ---------------------------------------------------------------------------------------------
 # Peers (nox -s bench -- --peers): dequeue + ack of one item per iteration, WAL file
 
+# Workers per peer, beside control_store's claim+record x1 and x64 tasks. One worker is the
+# main thread in the peer's default mode; more are threads in the peer's own multi-threaded
+# mode, described here for the table.
+PEER_WORKERS = (1, 64)
+PEER_MODES = {
+    "huey": "threads share one SqliteStorage (one connection, one lock)",
+    "persist-queue": "threads share one SQLiteAckQueue(multithreading=True)",
+    "litequeue": "a LiteQueue per thread on one file, busy timeout 60 s",
+}
+CONTROL_STORE_MODE = "64 asyncio tasks share one Store"
 
-def peer_workloads(root: Path, n: int) -> dict[str, Callable[[], tuple[int, float]]]:
+Peer = Callable[[int], float]  # workers -> seconds for n dequeue+ack, every item acked once
+
+
+class PeerFailed(Exception):
+    """A peer could not get through the items at this many workers; the message says why."""
+
+
+@dataclass
+class PeerResult:
+    """A peer's items/s per worker count over rounds, and why any round failed."""
+
+    version: str
+    rates: dict[int, list[float]] = field(default_factory=dict)
+    failed: dict[int, list[str]] = field(default_factory=dict)
+
+    def median(self, workers: int) -> float | None:
+        if workers in self.failed or workers not in self.rates:
+            return None
+        return statistics.median(self.rates[workers])
+
+
+def drive(n: int, workers: int, work: Callable[[int, int], None]) -> float:
+    """Seconds for `work(worker, count)` to get through n items with this many workers.
+
+    One worker runs inline. More run in threads, which share out the n items as
+    lib_claim_record shares them among its tasks; the clock starts once every thread is up and
+    stops when the last is done. Any worker's error fails the run: it never just shortens it.
+    """
+    if workers == 1:
+        started = time.perf_counter()
+        work(0, n)
+        return time.perf_counter() - started
+    share, extra = divmod(n, workers)
+    ready = threading.Barrier(workers + 1)
+    errors: list[Exception] = []
+
+    def target(worker: int) -> None:
+        ready.wait()
+        try:
+            work(worker, share + (worker < extra))
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    ready.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    if errors:
+        kinds = Counter(f"{type(e).__name__}: {e}" for e in errors)
+        why = "; ".join(f"{kind} (x{count})" for kind, count in kinds.most_common())
+        raise PeerFailed(f"{len(errors)} of {workers} workers failed: {why}")
+    return seconds
+
+
+def acked_once(acked: list[Any], n: int, left: int) -> None:
+    """Each of the n items enqueued was acked exactly once, and none is left in the queue."""
+    distinct = len(set(acked) - {None})
+    if len(acked) != n or distinct != n or left:
+        raise PeerFailed(
+            f"{len(acked)} acks of {distinct} distinct items for {n} enqueued; {left} left"
+        )
+
+
+def peer_workloads(root: Path, n: int) -> dict[str, Peer]:
     """Each peer, if installed: enqueue n items (untimed), then time n dequeue+ack."""
-    found: dict[str, Callable[[], tuple[int, float]]] = {}
+    found: dict[str, Peer] = {}
     counter = iter(range(1_000_000))
 
     def fresh(name: str) -> Path:
@@ -494,52 +574,88 @@ def peer_workloads(root: Path, n: int) -> dict[str, Callable[[], tuple[int, floa
     with contextlib.suppress(ImportError):
         from huey.storage import SqliteStorage
 
-        def huey() -> tuple[int, float]:
-            # fsync=True: huey's durable setting (synchronous=FULL), WAL is its default.
+        def huey(workers: int) -> float:
+            # fsync=True: huey's durable setting (synchronous=FULL), WAL is its default. Its
+            # thread workers share one storage: in huey 3 one connection, every call under
+            # one lock (older releases kept a connection per thread).
             storage = SqliteStorage("bench", filename=str(fresh("huey") / "h.db"), fsync=True)
             for i in range(n):
                 storage.enqueue(b"item %d" % i)
-            started = time.perf_counter()
-            for _ in range(n):
-                assert storage.dequeue() is not None  # huey deletes on dequeue: its ack
-            return n, time.perf_counter() - started
+            acked: list[Any] = []
+
+            def work(_: int, count: int) -> None:
+                # huey deletes on dequeue: its ack.
+                acked.extend([storage.dequeue() for _ in range(count)])
+
+            seconds = drive(n, workers, work)
+            acked_once(acked, n, storage.queue_size())
+            storage.close()
+            return seconds
 
         found["huey"] = huey
 
     with contextlib.suppress(ImportError):
         import persistqueue
 
-        def persist_queue() -> tuple[int, float]:
+        def persist_queue(workers: int) -> float:
+            # multithreading=True, its mode for threads: one connection to get and one to
+            # put, shared by all threads behind its locks. One worker keeps the default.
             queue: Any = persistqueue.SQLiteAckQueue(  # Any: its connections are untyped
-                str(fresh("persistqueue")), auto_commit=True, multithreading=False
+                str(fresh("persistqueue")), auto_commit=True, multithreading=workers > 1
             )
             for conn in (queue._getter, queue._putter):
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = FULL")
             for i in range(n):
                 queue.put(f"item {i}")
-            started = time.perf_counter()
-            for _ in range(n):
-                item = queue.get(block=False)
-                queue.ack(item)
-            return n, time.perf_counter() - started
+            acked: list[Any] = []
+
+            def work(_: int, count: int) -> None:
+                # ack returns the item's id, None if it did not know the item.
+                acked.extend([queue.ack(queue.get(block=False)) for _ in range(count)])
+
+            seconds = drive(n, workers, work)
+            acked_once(acked, n, n - queue.acked_count())
+            queue.close()
+            return seconds
 
         found["persist-queue"] = persist_queue
 
     with contextlib.suppress(ImportError):
         from litequeue import LiteQueue
 
-        def litequeue() -> tuple[int, float]:
-            queue: Any = LiteQueue(str(fresh("litequeue") / "q.db"))  # Any: conn is untyped
-            queue.conn.execute("PRAGMA synchronous = FULL")
+        def litequeue(workers: int) -> float:
+            # One LiteQueue cannot be shared by threads: its one connection, opened with
+            # check_same_thread=False and no lock, interleaves their BEGIN IMMEDIATE and
+            # COMMIT ("cannot start a transaction within a transaction"). So each thread has
+            # its own on the same file, as separate consumer processes would, and SQLite's
+            # write lock arbitrates. Its waiters poll, and with 64 threads sqlite3's default
+            # 5 s busy timeout runs out ("database is locked"); LiteQueue passes `timeout` on
+            # to sqlite3.connect, so they wait up to 60 s. The same for one worker.
+            path = str(fresh("litequeue") / "q.db")
+            queues: list[Any] = [LiteQueue(path, timeout=60.0) for _ in range(workers)]
+            for queue in queues:
+                queue.conn.execute("PRAGMA synchronous = FULL")  # Any: conn is untyped
             for i in range(n):
-                queue.put(f"item {i}")
-            started = time.perf_counter()
-            for _ in range(n):
-                message = queue.pop()
-                assert message is not None
-                queue.done(message.message_id)
-            return n, time.perf_counter() - started
+                queues[0].put(f"item {i}")
+            acked: list[Any] = []
+
+            def work(worker: int, count: int) -> None:
+                queue, done = queues[worker], []
+                for _ in range(count):
+                    message = queue.pop()
+                    if message is None:
+                        raise PeerFailed("pop() found no item")
+                    queue.done(message.message_id)
+                    done.append(message.message_id)
+                acked.extend(done)
+
+            seconds = drive(n, workers, work)
+            left = queues[0].qsize() + len(list(queues[0].list_failed()))
+            acked_once(acked, n, left)
+            for queue in queues:
+                queue.close()
+            return seconds
 
         found["litequeue"] = litequeue
 
@@ -722,7 +838,7 @@ async def _run_rounds(args: argparse.Namespace, dbs: Databases, bench: Bench) ->
                 1,
             )
             if s.name == "WAL FULL":
-                for tasks in (1, 64):
+                for tasks in PEER_WORKERS:
                     await pair(
                         s.name,
                         f"claim+record x{tasks} tasks",
@@ -788,15 +904,27 @@ def main() -> None:
     try:
         results = asyncio.run(run_rounds(args, root))
         rows: list[Row] = results["rows"]
-        peers: dict[str, list[float]] = {}
+        peers: dict[str, PeerResult] = {}
         if args.peers:
-            workloads = peer_workloads(root, 1500)
+            # As many items as control_store's claim+record rows claim and record.
+            n = next(s.single for s in SETTINGS if s.name == "WAL FULL")
+            workloads = peer_workloads(root, n)
             for _ in range(args.rounds):
-                for name, fn in workloads.items():
-                    n, t = fn()
-                    peers.setdefault(name, []).append(n / t)
-                    shutil.rmtree(root)
-                    root.mkdir()
+                for name, peer in workloads.items():
+                    if name not in peers:
+                        peers[name] = PeerResult(importlib.metadata.version(name))
+                    result = peers[name]
+                    for workers in PEER_WORKERS:
+                        print(f"peer {name} x{workers}", file=sys.stderr, flush=True)
+                        try:
+                            seconds = peer(workers)
+                        except PeerFailed as e:
+                            result.failed.setdefault(workers, []).append(str(e))
+                        else:
+                            result.rates.setdefault(workers, []).append(n / seconds)
+                        finally:
+                            shutil.rmtree(root)
+                            root.mkdir()
         print("measuring peak RSS for insert_jobs of generated jobs...", file=sys.stderr)
         rss = measure_rss(root, args.rss_jobs)
     finally:
@@ -823,7 +951,17 @@ def main() -> None:
             }
             for r in rows
         ],
-        "peers_dequeue_ack_per_s": {k: round(statistics.median(v)) for k, v in peers.items()},
+        "claim_record_per_s": {str(k): round(v) for k, v in claim_record(rows).items()},
+        "peers_dequeue_ack_per_s": {
+            name: {str(w): _rounded(result.median(w)) for w in PEER_WORKERS}
+            for name, result in peers.items()
+        },
+        "peers_versions": {name: result.version for name, result in peers.items()},
+        "peers_failed": {
+            name: {str(w): why for w, why in result.failed.items()}
+            for name, result in peers.items()
+            if result.failed
+        },
         "rss": rss,
         "table": lines,
     }
@@ -831,9 +969,19 @@ def main() -> None:
     print(f"\nwrote {args.json}", file=sys.stderr)
 
 
+def claim_record(rows: list[Row]) -> dict[int, float]:
+    """control_store's claim+record items/s at WAL FULL, by tasks: what the peers face."""
+    ours = {r.workload: statistics.median(r.lib) for r in rows if r.setting == "WAL FULL"}
+    return {tasks: ours[f"claim+record x{tasks} tasks"] for tasks in PEER_WORKERS}
+
+
+def _rounded(rate: float | None) -> int | None:
+    return None if rate is None else round(rate)
+
+
 def report(
     rows: list[Row],
-    peers: dict[str, list[float]],
+    peers: dict[str, PeerResult],
     rss: dict[str, Any],
     host: dict[str, Any],
     seconds: float,
@@ -856,12 +1004,32 @@ def report(
             f"| {target:>6} | {r.met:<3} |"
         )
     if peers:
-        ours = {r.workload: statistics.median(r.lib) for r in rows if r.setting == "WAL FULL"}
-        lines += ["", "Peers, WAL file at synchronous=FULL, items/s (dequeue+ack vs claim+record):"]
-        for name in ("claim+record x1 tasks", "claim+record x64 tasks"):
-            lines.append(f"  control_store {name:<24} {ours[name]:>9,.0f}")
-        for name, rates in peers.items():
-            lines.append(f"  {name:<38} {statistics.median(rates):>9,.0f}")
+        ours = claim_record(rows)
+        lines += [
+            "",
+            "Peers, WAL files at synchronous=FULL, items/s: control_store claims a run and "
+            "records its job's outcome,",
+            "each peer dequeues an item and acks it; 1 worker is one task or the main thread.",
+            "",
+            f"| {'':<20} | {'1 worker':>9} | {'64 workers':>10} | {'64 workers as':<58} |",
+            f"|{'-' * 22}|{'-' * 11}|{'-' * 12}|{'-' * 60}|",
+            f"| {'control_store':<20} | {ours[1]:>9,.0f} | {ours[64]:>10,.0f} "
+            f"| {CONTROL_STORE_MODE:<58} |",
+        ]
+        failures = []
+        for name, result in peers.items():
+            cells = []
+            for workers in PEER_WORKERS:
+                rate = result.median(workers)
+                cells.append("FAILED" if rate is None else f"{rate:,.0f}")
+                for why in dict.fromkeys(result.failed.get(workers, [])):
+                    failures.append(f"  {name} x{workers}: {why}")
+            label = f"{name} {result.version}"
+            lines.append(
+                f"| {label:<20} | {cells[0]:>9} | {cells[1]:>10} | {PEER_MODES[name]:<58} |"
+            )
+        if failures:
+            lines += ["", "Peer runs that failed (any failed round fails the cell):", *failures]
     lines += [
         "",
         f"insert_jobs of {rss['jobs']:,} generated jobs (WAL FULL, one transaction): "
