@@ -37,6 +37,8 @@ _decode_outcomes: Final = msgspec.json.Decoder(list[JobOutcome]).decode
 _UUIDS: Final = list[uuid.UUID]
 _ONLY_INT: Final = {int}
 _ONLY_STR: Final = {str}
+# From this many rows on, decoding a column at a time beats decoding row by row.
+_BATCH: Final = 8
 
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
@@ -399,8 +401,8 @@ def decode_runs(rows: Sequence[Sequence[Any]]) -> list[Run]:
     decode_run admits; any row it cannot take sends every row through decode_run, which
     raises the CorruptRowError naming the bad cell.
     """
-    if not rows:
-        return []
+    if len(rows) < _BATCH:
+        return [decode_run(row) for row in rows]
     try:
         ids, manifests, models, epochs, job_counts, statuses, created, done_counts = zip(
             *rows, strict=True
@@ -427,8 +429,8 @@ CLAIMED_COLUMNS: Final = "rowid, id, manifest, models, epochs, job_count, create
 
 def decode_claimed(rows: Sequence[Sequence[Any]]) -> list[Run]:
     """Runs from rows selected as CLAIMED_COLUMNS, all running; the fast path of decode_runs."""
-    if not rows:
-        return []
+    if len(rows) < _BATCH:
+        return [_decode_claimed_row(row) for row in rows]
     try:
         _, ids, manifests, models, epochs, job_counts, created, done_counts = zip(
             *rows, strict=True
@@ -438,7 +440,11 @@ def decode_claimed(rows: Sequence[Sequence[Any]]) -> list[Run]:
             ids, manifests, models, epochs, job_counts, statuses, created, done_counts
         )
     except (TypeError, ValueError, KeyError):
-        return [decode_run((*row[1:6], RunStatus.RUNNING.value, *row[6:])) for row in rows]
+        return [_decode_claimed_row(row) for row in rows]
+
+
+def _decode_claimed_row(row: Sequence[Any]) -> Run:
+    return decode_run((*row[1:6], RunStatus.RUNNING.value, *row[6:]))
 
 
 def _runs_of_columns(
@@ -543,8 +549,8 @@ def _checked_run(row: Sequence[Any]) -> Run:
 
 def decode_jobs(rows: Sequence[Sequence[Any]]) -> list[Job]:
     """Jobs from rows selected as JOB_COLUMNS; the batch fast path, as decode_runs."""
-    if not rows:
-        return []
+    if len(rows) < _BATCH:
+        return [decode_job(row) for row in rows]
     try:
         return _jobs_of_columns(list(zip(*rows, strict=True)))
     except (TypeError, ValueError, KeyError):

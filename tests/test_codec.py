@@ -148,7 +148,10 @@ def _damaged(draw: st.DrawFn, good: tuple[object, ...]) -> tuple[object, ...]:
 
 def _rows(good: tuple[object, ...], extra: list[tuple[object, ...]]) -> st.SearchStrategy[Any]:
     sound = st.sampled_from([good, *extra])
-    return st.lists(st.one_of(sound, *(_damaged(g) for g in [good, *extra])), max_size=4)
+    # Mostly batches long enough for the column-at-a-time path, sometimes shorter ones.
+    return st.lists(
+        st.one_of(sound, *(_damaged(g) for g in [good, *extra])), max_size=_codec._BATCH + 4
+    )
 
 
 def _each(decode: Any, rows: list[Any]) -> object:
@@ -214,18 +217,20 @@ def test_every_near_miss_in_every_column_decodes_as_row_by_row(
     for index in range(len(good)):
         for value in _near_misses():
             damaged = (*good[:index], value, *good[index + 1 :])
-            rows = [good, damaged, good]
+            rows = [good] * 4 + [damaged] + [good] * (_codec._BATCH - 5)  # a batch, not row by row
             assert _batch(batch, rows) == _each(one, rows), (index, value)
 
 
 def test_batch_decoders_take_the_fast_path_for_sound_rows() -> None:
-    """Sound rows never fall back to the per-row decoder (the fast path is really used)."""
-    runs = [_GOOD_RUN, _codec.run_params(Run("n", [], 1, 0))]
-    jobs = [_GOOD_JOB, _DONE_JOB]
+    """Sound rows, as many as make a batch, never go row by row (the fast path is used)."""
+    runs = [_GOOD_RUN, _codec.run_params(Run("n", [], 1, 0))] * (_codec._BATCH // 2)
+    jobs = [_GOOD_JOB, _DONE_JOB] * (_codec._BATCH // 2)
     claimed = [(i, *row[:5], *row[6:]) for i, row in enumerate(runs)]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_codec, "decode_run", None)
         patch.setattr(_codec, "decode_job", None)
         assert [r.id for r in _codec.decode_runs(runs)] == [uuid.UUID(r[0]) for r in runs]
-        assert [r.status for r in _codec.decode_claimed(claimed)] == [RunStatus.RUNNING] * 2
-        assert [j.outcome is None for j in _codec.decode_jobs(jobs)] == [True, False]
+        assert {r.status for r in _codec.decode_claimed(claimed)} == {RunStatus.RUNNING}
+        assert [j.outcome is None for j in _codec.decode_jobs(jobs)] == [True, False] * (
+            _codec._BATCH // 2
+        )
