@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -256,37 +256,70 @@ def _checked_outcome_json(outcome: JobOutcome) -> str:
     return _json(outcome, what=where)
 
 
-def job_params(job: Job) -> tuple[str, str, str, str, int, str | None]:
+JobRow = tuple[str, str, str, str, int, str | None]
+
+
+def job_params(job: Job) -> JobRow:
     """The ``jobs`` row for ``job``, in JOB_COLUMNS order."""
-    # Hot path (insert_jobs streams a million of these) as in run_params.
-    if type(job) is Job:
-        job_id, run_id, spec = job.id, job.run_id, job.spec
-        status, attempt = job.status, job.attempt
-        if (
-            job.outcome is None
-            and type(job_id) is _UUID
-            and type(run_id) is _UUID
-            and type(spec) is EvalJob
-            and type(spec.model) is str
-            and type(spec.sample_id) is str
-            and type(spec.epoch) is int
-            and _INT64_MIN <= spec.epoch <= _INT64_MAX
-            and (status is _QUEUED or (isinstance(status, str) and status in _JOB_STATUS))
-            and type(attempt) is int
-            and 0 <= attempt <= _INT64_MAX
-        ):
-            return (
-                _uuid_text(job_id),
-                _uuid_text(run_id),
-                _encode(spec).decode(),
-                "queued" if status is _QUEUED else _JOB_STATUS[status].value,
-                attempt,
-                None,
-            )
-    return _checked_job_params(job)
+    encode, _ = job_encoder()
+    return encode(job)
 
 
-def _checked_job_params(job: Job) -> tuple[str, str, str, str, int, str | None]:
+def job_encoder() -> tuple[Callable[[Job], JobRow], Callable[[], JobRow | None]]:
+    """``(encode, last)``: job_params for a stream of jobs, and the row encode returned last.
+
+    insert_jobs maps encode over its jobs, a million of them at a time; last() is then the
+    row being inserted when a constraint fails (None before the first). Jobs of one run
+    usually share its id object (``Job(run.id, ...)``): while a job's run_id is the very object
+    the previous job's was, its text is reused instead of formatted again. A uuid.UUID is
+    immutable, so the same object always has the same text; any other object, equal or not,
+    is checked and formatted afresh.
+    """
+    last: JobRow | None = None
+    run_id_seen: object = object()  # no job's run_id: the first job formats its own
+    run_text = ""
+
+    def encode(job: Job) -> JobRow:
+        # Hot path: _checked_job_params's checks, inline, as in run_params.
+        nonlocal last, run_id_seen, run_text
+        if type(job) is Job:
+            job_id, run_id, spec = job.id, job.run_id, job.spec
+            status, attempt = job.status, job.attempt
+            if run_id is not run_id_seen and type(run_id) is _UUID:
+                run_id_seen, run_text = run_id, _uuid_text(run_id)
+            if (
+                run_id is run_id_seen  # an exact uuid.UUID, whose text run_text is
+                and job.outcome is None
+                and type(job_id) is _UUID
+                and type(spec) is EvalJob
+                and type(spec.model) is str
+                and type(spec.sample_id) is str
+                and type(spec.epoch) is int
+                and _INT64_MIN <= spec.epoch <= _INT64_MAX
+                and (status is _QUEUED or (isinstance(status, str) and status in _JOB_STATUS))
+                and type(attempt) is int
+                and 0 <= attempt <= _INT64_MAX
+            ):
+                row: JobRow = (
+                    _uuid_text(job_id),
+                    run_text,
+                    _encode(spec).decode(),
+                    "queued" if status is _QUEUED else _JOB_STATUS[status].value,
+                    attempt,
+                    None,
+                )
+                last = row
+                return row
+        last = row = _checked_job_params(job)
+        return row
+
+    def last_row() -> JobRow | None:
+        return last
+
+    return encode, last_row
+
+
+def _checked_job_params(job: Job) -> JobRow:
     if not isinstance(job, Job):
         raise InvalidInputError(f"expected a Job, got {type(job).__name__}: {job!r}")
     job_id = _check_uuid(job.id, what="Job.id")
