@@ -222,18 +222,23 @@ def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, in
 
 def outcome_json(outcome: JobOutcome) -> str:
     """The ``outcome`` column for ``outcome``."""
+    return outcome_params(outcome)[1]
+
+
+def outcome_params(outcome: JobOutcome) -> tuple[str, str]:
+    """``(job id, outcome JSON)``: what recording ``outcome`` binds, checked once for both."""
     # Hot path as in run_params; _checked_outcome_json explains what this does not accept.
     if type(outcome) is JobOutcome:
-        score = outcome.score
-        error = outcome.error
+        job_id, score, error = outcome.job_id, outcome.score, outcome.error
         if (
-            type(outcome.job_id) is _UUID
+            type(job_id) is _UUID
             and (score is None or (type(score) is float and math.isfinite(score)))
             and type(outcome.output) is str
             and (error is None or type(error) is str)
         ):
-            return _encode(outcome).decode()
-    return _checked_outcome_json(outcome)
+            return (_uuid_text(job_id), _encode(outcome).decode())
+    payload = _checked_outcome_json(outcome)  # checks the type and the job id first
+    return (str(outcome.job_id), payload)
 
 
 def _checked_outcome_json(outcome: JobOutcome) -> str:

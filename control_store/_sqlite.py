@@ -809,15 +809,16 @@ def op_record_outcomes(
     marked by its first occurrence; the second sees it done and is a redelivery.
     """
     results: list[bool] = []
+    record = results.append
     new = 0
-    mark = conn.execute
+    mark = conn.cursor().execute  # one cursor for the batch, not one per statement
     for job_id, outcome_json in outcomes:
         if mark(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount == 1:
             new += 1
-            results.append(True)
+            record(True)
         else:
             _why_unrecorded(run_id, job_id, conn)
-            results.append(False)
+            record(False)
     if new and conn.execute(ADVANCE_RUN_BY, (new, new, run_id)).rowcount != 1:
         _refuse_corrupt_counters(run_id, conn)
     return results

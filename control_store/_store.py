@@ -176,8 +176,7 @@ class Store:
         """
         backend = self._open()
         run_key = _id(run_id, what="run_id")
-        payload = _codec.outcome_json(outcome)
-        job_key = str(outcome.job_id)
+        job_key, payload = _codec.outcome_params(outcome)
         op = partial(_sqlite.op_record_outcome, run_key, job_key, payload)
         return await backend.write(op, small=True)
 
@@ -216,10 +215,7 @@ class Store:
                 "record_job_outcome"
             )
         # Encoded here, before the hop: a bad outcome anywhere fails the call with nothing sent.
-        rows: list[tuple[str, str]] = []
-        for outcome in outcomes:
-            payload = _codec.outcome_json(outcome)  # checks the type and the job id first
-            rows.append((str(outcome.job_id), payload))
+        rows = list(map(_codec.outcome_params, outcomes))
         if not rows:
             return []
         op = partial(_sqlite.op_record_outcomes, run_key, rows)

@@ -67,6 +67,7 @@ def test_ids_are_written_as_str_writes_them(value: uuid.UUID) -> None:
     assert _codec.job_params(job) == _codec._checked_job_params(job)
     outcome = JobOutcome(value, score=1.0)
     assert _codec.outcome_json(outcome) == _codec._checked_outcome_json(outcome)
+    assert _codec.outcome_params(outcome) == (text, _codec._checked_outcome_json(outcome))
 
 
 @pytest.mark.parametrize("status", [*JobStatus, "running", "done"])
