@@ -37,10 +37,11 @@ _decode_outcomes: Final = msgspec.json.Decoder(list[JobOutcome]).decode
 _UUIDS: Final = list[uuid.UUID]
 _ONLY_INT: Final = {int}
 _ONLY_STR: Final = {str}
-# And formats it in C, in a quarter of the instructions of str(), a Python-level __str__: the
-# same canonical text for uuid.UUID itself. A subclass may override __str__, so the fast paths
-# format only exact uuid.UUIDs this way and send subclasses to the checked path's str().
-_uuid_text: Final = msgspec.to_builtins
+# msgspec also formats a UUID in C, in a quarter of the instructions of str() (a Python-level
+# __str__), and gives the same canonical text for uuid.UUID itself. A subclass may override
+# __str__, so the fast paths format only exact uuid.UUIDs this way and send subclasses to the
+# checked path's str().
+uuid_text: Final[Callable[[uuid.UUID], str]] = msgspec.to_builtins
 _UUID: Final = uuid.UUID
 
 _INT64_MIN: Final = -(2**63)
@@ -172,7 +173,7 @@ def run_params(run: Run) -> tuple[str, str, str, int, int, str, str, int]:
             and created_at.tzinfo is UTC
         ):
             return (
-                _uuid_text(run_id),
+                uuid_text(run_id),
                 run.manifest,
                 _encode(models).decode(),
                 epochs,
@@ -236,7 +237,7 @@ def outcome_params(outcome: JobOutcome) -> tuple[str, str]:
             and type(outcome.output) is str
             and (error is None or type(error) is str)
         ):
-            return (_uuid_text(job_id), _encode(outcome).decode())
+            return (uuid_text(job_id), _encode(outcome).decode())
     payload = _checked_outcome_json(outcome)  # checks the type and the job id first
     return (str(outcome.job_id), payload)
 
@@ -291,7 +292,7 @@ def job_encoder() -> tuple[Callable[[Job], JobRow], Callable[[], JobRow | None]]
             job_id, run_id, spec = job.id, job.run_id, job.spec
             status, attempt = job.status, job.attempt
             if run_id is not run_id_seen and type(run_id) is _UUID:
-                run_id_seen, run_text = run_id, _uuid_text(run_id)
+                run_id_seen, run_text = run_id, uuid_text(run_id)
             if (
                 run_id is run_id_seen  # an exact uuid.UUID, whose text run_text is
                 and job.outcome is None
@@ -306,7 +307,7 @@ def job_encoder() -> tuple[Callable[[Job], JobRow], Callable[[], JobRow | None]]
                 and 0 <= attempt <= _INT64_MAX
             ):
                 row: JobRow = (
-                    _uuid_text(job_id),
+                    uuid_text(job_id),
                     run_text,
                     _encode(spec).decode(),
                     "queued" if status is _QUEUED else _JOB_STATUS[status].value,

@@ -19,12 +19,14 @@ MigrationState = _sqlite.MigrationState
 
 
 def _id(value: object, *, what: str) -> str:
+    if type(value) is uuid.UUID:
+        return _codec.uuid_text(value)  # str()'s text, formatted in C
     if not isinstance(value, uuid.UUID):
         raise InvalidInputError(
             f"{what} must be a uuid.UUID, got {type(value).__name__}: {value!r}; "
             f"wrap a string id as uuid.UUID({str(value)!r})"
         )
-    return str(value)
+    return str(value)  # a subclass may override __str__
 
 
 _INT64_MAX = 2**63 - 1

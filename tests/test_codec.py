@@ -22,6 +22,7 @@ from control_store import (
     RunStatus,
     Store,
     _codec,
+    _store,
 )
 
 from conftest import make_run, sized
@@ -68,6 +69,7 @@ def test_ids_are_written_as_str_writes_them(value: uuid.UUID) -> None:
     outcome = JobOutcome(value, score=1.0)
     assert _codec.outcome_json(outcome) == _codec._checked_outcome_json(outcome)
     assert _codec.outcome_params(outcome) == (text, _codec._checked_outcome_json(outcome))
+    assert _store._id(value, what="run_id") == text
 
 
 @pytest.mark.parametrize("status", [*JobStatus, "running", "done"])
