@@ -622,22 +622,15 @@ def op_list_jobs(run_id: str, conn: sqlite3.Connection) -> list[Job]:
 
 
 def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
-    # executemany pulls one row at a time from the generator, so any iterable streams in
-    # bounded memory; `last` is the row being inserted when a constraint fails.
-    # One slot overwritten per row (no allocation): the 100k-job insert is per-row bound.
-    last: list[tuple[str, str, str, str, int, str | None] | None] = [None]
-
-    def rows() -> Iterator[tuple[str, str, str, str, int, str | None]]:
-        job_params = _codec.job_params
-        for job in jobs:
-            last[0] = params = job_params(job)
-            yield params
-
+    # executemany pulls one row at a time through map, so any iterable streams in bounded
+    # memory, with no generator frame per row; last() is the row being inserted when a
+    # constraint fails.
+    encode, last = _codec.job_encoder()
     try:
-        cursor = conn.executemany(INSERT_JOB, rows())
+        cursor = conn.executemany(INSERT_JOB, map(encode, jobs))
     except sqlite3.IntegrityError as exc:
         name = getattr(exc, "sqlite_errorname", "")
-        failed = last[0]
+        failed = last()
         if failed is not None and name == "SQLITE_CONSTRAINT_PRIMARYKEY":
             raise AlreadyExistsError(
                 f"job {failed[0]} already exists; no job of this call was inserted: drop it "
@@ -816,15 +809,16 @@ def op_record_outcomes(
     marked by its first occurrence; the second sees it done and is a redelivery.
     """
     results: list[bool] = []
+    record = results.append
     new = 0
-    mark = conn.execute
+    mark = conn.cursor().execute  # one cursor for the batch, not one per statement
     for job_id, outcome_json in outcomes:
         if mark(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount == 1:
             new += 1
-            results.append(True)
+            record(True)
         else:
             _why_unrecorded(run_id, job_id, conn)
-            results.append(False)
+            record(False)
     if new and conn.execute(ADVANCE_RUN_BY, (new, new, run_id)).rowcount != 1:
         _refuse_corrupt_counters(run_id, conn)
     return results

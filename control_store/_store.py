@@ -19,12 +19,14 @@ MigrationState = _sqlite.MigrationState
 
 
 def _id(value: object, *, what: str) -> str:
+    if type(value) is uuid.UUID:
+        return _codec.uuid_text(value)  # str()'s text, formatted in C
     if not isinstance(value, uuid.UUID):
         raise InvalidInputError(
             f"{what} must be a uuid.UUID, got {type(value).__name__}: {value!r}; "
             f"wrap a string id as uuid.UUID({str(value)!r})"
         )
-    return str(value)
+    return str(value)  # a subclass may override __str__
 
 
 _INT64_MAX = 2**63 - 1
@@ -176,8 +178,7 @@ class Store:
         """
         backend = self._open()
         run_key = _id(run_id, what="run_id")
-        payload = _codec.outcome_json(outcome)
-        job_key = str(outcome.job_id)
+        job_key, payload = _codec.outcome_params(outcome)
         op = partial(_sqlite.op_record_outcome, run_key, job_key, payload)
         return await backend.write(op, small=True)
 
@@ -216,10 +217,7 @@ class Store:
                 "record_job_outcome"
             )
         # Encoded here, before the hop: a bad outcome anywhere fails the call with nothing sent.
-        rows: list[tuple[str, str]] = []
-        for outcome in outcomes:
-            payload = _codec.outcome_json(outcome)  # checks the type and the job id first
-            rows.append((str(outcome.job_id), payload))
+        rows = list(map(_codec.outcome_params, outcomes))
         if not rows:
             return []
         op = partial(_sqlite.op_record_outcomes, run_key, rows)

@@ -4,13 +4,26 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from control_store import CorruptRowError, EvalJob, Job, JobOutcome, Run, RunStatus, Store, _codec
+from control_store import (
+    CorruptRowError,
+    EvalJob,
+    Job,
+    JobId,
+    JobOutcome,
+    JobStatus,
+    Run,
+    RunId,
+    RunStatus,
+    Store,
+    _codec,
+    _store,
+)
 
 from conftest import make_run, sized
 
@@ -27,6 +40,46 @@ def test_fast_and_checked_paths_encode_and_decode_alike() -> None:
     assert _codec.decode_job(job_row) == _codec._checked_job(job_row) == job
     outcome = JobOutcome(job.id, score=0.25, output="x", error="e")
     assert _codec.outcome_json(outcome) == _codec._checked_outcome_json(outcome)
+
+
+class _UUIDSubclass(uuid.UUID):
+    """A uuid.UUID subclass: the fast paths leave it to the checked path and its str()."""
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        uuid.UUID(int=0),
+        uuid.UUID(int=2**128 - 1),
+        uuid.UUID("0123ABCD-89AB-4DEF-8123-456789ABCDEF"),
+        uuid.uuid4(),
+        _UUIDSubclass(int=2**127 + 12345),
+    ],
+    ids=["nil", "max", "upper-case-input", "random", "subclass"],
+)
+def test_ids_are_written_as_str_writes_them(value: uuid.UUID) -> None:
+    """The fast paths format ids in C; the text is exactly str()'s, as the checked paths write."""
+    text = str(value)
+    run = Run("m", ["a"], 1, 1, id=RunId(value))
+    assert _codec.run_params(run)[0] == text
+    assert _codec.run_params(run) == _codec._checked_run_params(run)
+    job = Job(value, EvalJob("a", "s", 0), id=JobId(value))
+    assert _codec.job_params(job)[:2] == (text, text)
+    assert _codec.job_params(job) == _codec._checked_job_params(job)
+    outcome = JobOutcome(value, score=1.0)
+    assert _codec.outcome_json(outcome) == _codec._checked_outcome_json(outcome)
+    assert _codec.outcome_params(outcome) == (text, _codec._checked_outcome_json(outcome))
+    assert _store._id(value, what="run_id") == text
+
+
+@pytest.mark.parametrize("status", [*JobStatus, "running", "done"])
+def test_every_job_status_is_written_as_its_value(status: str) -> None:
+    """A JobStatus member or its plain value, the queued member included, is stored as text."""
+    job = Job(uuid.uuid4(), EvalJob("a", "s", 0), status=cast(JobStatus, status))
+    row = _codec.job_params(job)
+    assert row[3] == JobStatus(status).value
+    assert type(row[3]) is str
+    assert row == _codec._checked_job_params(job)
 
 
 @pytest.mark.parametrize(

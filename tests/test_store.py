@@ -176,6 +176,50 @@ async def test_insert_jobs_accepts_a_generator(store: Store) -> None:
     assert await store.list_jobs(run.id) == jobs
 
 
+class _RunIdSubclass(uuid.UUID):
+    """A uuid.UUID subclass, accepted as a run id like uuid.UUID itself."""
+
+
+async def test_insert_jobs_keeps_each_jobs_own_run(store: Store) -> None:
+    """Jobs of several runs in one batch, in blocks or interleaved, each keep their own run."""
+    a, b, c = (make_run(job_count=6) for _ in range(3))
+    for run in (a, b, c):
+        await store.insert_run(run)
+    spec = EvalJob("m", "s", 0)
+    same_value = uuid.UUID(str(c.id))  # equal to c.id, but another object
+    subclass = _RunIdSubclass(int=c.id.int)
+    run_ids = [a.id, a.id, b.id, a.id, b.id, b.id, c.id, same_value, subclass, a.id, c.id]
+    jobs = [Job(run_id, spec) for run_id in run_ids]
+    await store.insert_jobs(iter(jobs))
+    for run in (a, b, c):
+        assert await store.list_jobs(run.id) == [job for job in jobs if job.run_id == run.id]
+
+
+async def test_a_missing_run_among_interleaved_runs_is_named(store: Store) -> None:
+    """A batch switching runs names the failing job and its own run, not its neighbour's."""
+    run = make_run()
+    await store.insert_run(run)
+    ghost = uuid.uuid4()
+    orphan = Job(ghost, EvalJob("m", "s", 0))
+    jobs = [Job(run.id, EvalJob("m", "s", 0)), orphan, Job(run.id, EvalJob("m", "s", 1))]
+    with pytest.raises(MissingRunError, match=f"job {orphan.id} refers to run {ghost},"):
+        await store.insert_jobs(jobs)
+    assert await store.list_jobs(run.id) == []
+
+
+@pytest.mark.parametrize("position", [0, 1], ids=["first", "after-a-good-job"])
+async def test_a_job_without_a_run_id_is_refused(store: Store, position: int) -> None:
+    """A run_id that is not a UUID is an InvalidInputError, first in a batch or later."""
+    run = make_run()
+    await store.insert_run(run)
+    bad = Job(None, EvalJob("m", "s", 0))  # type: ignore[arg-type]
+    jobs = make_jobs(run, 2)
+    jobs.insert(position, bad)
+    with pytest.raises(InvalidInputError, match=rf"job {bad.id}: run_id must be a uuid\.UUID"):
+        await store.insert_jobs(jobs)
+    assert await store.list_jobs(run.id) == []
+
+
 async def test_duplicate_run_id_is_refused(store: Store) -> None:
     """Inserting a run id twice is an AlreadyExistsError naming the id; the first stays."""
     run = make_run()
