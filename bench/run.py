@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib.metadata
+import inspect
 import json
 import os
 import platform
@@ -760,6 +761,11 @@ async def _run_rounds(args: argparse.Namespace, dbs: Databases, bench: Bench) ->
         base: Awaitable[Side],
         chunk: int,
     ) -> None:
+        if args.only and args.only not in workload:
+            for pending in (lib, base):
+                if inspect.iscoroutine(pending):
+                    pending.close()  # never started: nothing to clean up
+            return
         key = (setting, workload, baseline)
         if key not in rows:
             rows[key] = Row(setting, workload, baseline, target)
@@ -881,9 +887,14 @@ def main() -> None:
         "--scale", type=float, default=1.0, help="multiply the calls per segment (quick runs)"
     )
     parser.add_argument("--peers", action="store_true", help="add huey, persist-queue, litequeue")
+    parser.add_argument(
+        "--only", help="run only the workloads whose name contains this, e.g. claim_runs"
+    )
     parser.add_argument("--json", default="bench-results.json")
     parser.add_argument("--rss-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.only and args.peers:
+        parser.error("--only and --peers do not combine: the peers are compared with every row")
     if args.rss_child:
         rss_child(args.rss_child[0], int(args.rss_child[1]))
         return
@@ -925,8 +936,10 @@ def main() -> None:
                         finally:
                             shutil.rmtree(root)
                             root.mkdir()
-        print("measuring peak RSS for insert_jobs of generated jobs...", file=sys.stderr)
-        rss = measure_rss(root, args.rss_jobs)
+        rss: dict[str, Any] | None = None
+        if not args.only:
+            print("measuring peak RSS for insert_jobs of generated jobs...", file=sys.stderr)
+            rss = measure_rss(root, args.rss_jobs)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -972,7 +985,8 @@ def main() -> None:
 def claim_record(rows: list[Row]) -> dict[int, float]:
     """control_store's claim+record items/s at WAL FULL, by tasks: what the peers face."""
     ours = {r.workload: statistics.median(r.lib) for r in rows if r.setting == "WAL FULL"}
-    return {tasks: ours[f"claim+record x{tasks} tasks"] for tasks in PEER_WORKERS}
+    found = {tasks: ours.get(f"claim+record x{tasks} tasks") for tasks in PEER_WORKERS}
+    return {tasks: rate for tasks, rate in found.items() if rate is not None}  # all but --only
 
 
 def _rounded(rate: float | None) -> int | None:
@@ -982,7 +996,7 @@ def _rounded(rate: float | None) -> int | None:
 def report(
     rows: list[Row],
     peers: dict[str, PeerResult],
-    rss: dict[str, Any],
+    rss: dict[str, Any] | None,
     host: dict[str, Any],
     seconds: float,
 ) -> list[str]:
@@ -1030,6 +1044,8 @@ def report(
             )
         if failures:
             lines += ["", "Peer runs that failed (any failed round fails the cell):", *failures]
+    if rss is None:
+        return [*lines, "", "peak RSS: not measured (--only)"]
     lines += [
         "",
         f"insert_jobs of {rss['jobs']:,} generated jobs (WAL FULL, one transaction): "
