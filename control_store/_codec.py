@@ -28,7 +28,6 @@ _decode_outcome: Final = msgspec.json.Decoder(JobOutcome).decode
 # msgspec parses UUID text ~3x faster than uuid.UUID(), and RFC 3339 text; a failure is a
 # msgspec.ValidationError.
 _convert: Final = msgspec.convert
-_to_uuid: Final = msgspec.convert
 _DATETIMES: Final = list[datetime]
 # Batch decoding: a column of JSON texts joined into one JSON array, decoded in one C call.
 _decode_model_lists: Final = msgspec.json.Decoder(list[list[str]]).decode
@@ -515,7 +514,7 @@ def _runs_of_columns(
         and _timestamps_in_form(created)
     ):
         raise ValueError("a column holds a value decode_run would refuse")
-    run_ids = _to_uuid(ids, _UUIDS)
+    run_ids = _convert(ids, _UUIDS)
     model_lists = _json_column(_decode_model_lists, models)  # a text that is not str: TypeError
     times = _convert(created, _DATETIMES)
     return [
@@ -568,7 +567,7 @@ def decode_run(row: Sequence[Any]) -> Run:
                 _decode_models(models),
                 epochs,
                 job_count,
-                id=RunId(_to_uuid(run_id, uuid.UUID)),
+                id=RunId(_convert(run_id, uuid.UUID)),
                 status=_RUN_STATUS[status],
                 created_at=_parse_timestamp(created_at),
                 done_count=done_count,
@@ -613,13 +612,13 @@ def _jobs_of_columns(columns: list[tuple[Any, ...]]) -> list[Job]:
         and set(map(type, outcomes)) <= {str, type(None)}
     ):
         raise ValueError("a column holds a value decode_job would refuse")
-    job_ids = _to_uuid(ids, _UUIDS)
+    job_ids = _convert(ids, _UUIDS)
     distinct = set(run_ids)
     if len(distinct) == 1:  # the usual case, one run's jobs: parse its id once
-        run_id = _to_uuid(run_ids[0], uuid.UUID)
+        run_id = _convert(run_ids[0], uuid.UUID)
         parents: Iterable[uuid.UUID] = itertools.repeat(run_id, len(run_ids))
     else:
-        parents = _to_uuid(run_ids, _UUIDS)
+        parents = _convert(run_ids, _UUIDS)
     spec_list = _json_column(_decode_specs, specs)
     recorded = [o for o in outcomes if o is not None]
     decoded = iter(_json_column(_decode_outcomes, recorded) if recorded else ())
@@ -654,9 +653,9 @@ def decode_job(row: Sequence[Any]) -> Job:
     ):
         try:
             return Job(
-                _to_uuid(run_id, uuid.UUID),
+                _convert(run_id, uuid.UUID),
                 _decode_spec(spec),
-                id=JobId(_to_uuid(job_id, uuid.UUID)),
+                id=JobId(_convert(job_id, uuid.UUID)),
                 status=_JOB_STATUS[status],
                 attempt=attempt,
                 outcome=None if outcome is None else _decode_outcome(outcome),
