@@ -23,6 +23,7 @@ import re
 import sqlite3
 import threading
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any, Final, NoReturn, TypeVar, cast
 
 import aiosqlite
+import aiosqlite.core
 
 from . import _codec, _migrate
 from .errors import (
@@ -354,15 +356,21 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
 #   _tx          the worker's queue of (future, zero-argument function); the worker calls the
 #                function and resolves the future on its loop (call_soon_threadsafe), skipping
 #                a future that is already done (a cancelled caller)
+#   _thread      the worker, a threading.Thread not yet started until the connection is awaited
+#                (see daemon_worker)
+# and aiosqlite.core._STOP_RUNNING_SENTINEL, which a function returns to end the worker's loop
+# (see stop_worker).
 # We put on _tx ourselves rather than await Connection._execute: that saves a coroutine, a
 # functools.partial and a loop lookup on every call of the hot path.
 
-_WORKER_ATTRIBUTES: Final = ("_connection", "_running", "_tx")
+_WORKER_ATTRIBUTES: Final = ("_connection", "_running", "_tx", "_thread")
 
 
 def check_worker(conn: aiosqlite.Connection) -> None:
     """Fail loudly if this aiosqlite lacks what on_thread relies on."""
     missing = [name for name in _WORKER_ATTRIBUTES if not hasattr(conn, name)]
+    if not hasattr(aiosqlite.core, "_STOP_RUNNING_SENTINEL"):
+        missing.append("core._STOP_RUNNING_SENTINEL")
     if missing or not hasattr(getattr(conn, "_tx", None), "put_nowait"):
         raise ConfigurationError(
             f"control_store runs its transactions on aiosqlite's worker thread through "
@@ -370,6 +378,49 @@ def check_worker(conn: aiosqlite.Connection) -> None:
             f"({aiosqlite.__version__}) does not have as expected (missing: {missing or '_tx'}); "
             "install an aiosqlite version control_store supports (see pyproject.toml)"
         )
+
+
+def daemon_worker(conn: aiosqlite.Connection) -> None:
+    """Make the worker of a connection not yet awaited a daemon thread.
+
+    aiosqlite's worker is a non-daemon thread that waits on its queue until close(). The
+    interpreter joins non-daemon threads at exit before it collects anything, so a process
+    that ends without closing its store (a forgotten close(), an exception that skips it)
+    would hang at exit forever. A daemon worker ends with the process instead, at worst in
+    the middle of a transaction: SQLite's atomic commit makes that the same as a killed
+    process, and the next connection rolls it back.
+    """
+    check_worker(conn)
+    thread = conn._thread
+    if not isinstance(thread, threading.Thread) or thread.ident is not None:
+        raise ConfigurationError(
+            f"control_store expects aiosqlite.Connection._thread to be a threading.Thread not "
+            f"yet started before the connection is awaited; this aiosqlite "
+            f"({aiosqlite.__version__}) has {thread!r}; install an aiosqlite version "
+            "control_store supports (see pyproject.toml)"
+        )
+    thread.daemon = True
+
+
+def stop_worker(conn: aiosqlite.Connection) -> None:
+    """End the worker of a connection nobody will close, from a finalizer: no await, no loop.
+
+    aiosqlite's own finalizer would stop it, but only after its ResourceWarning, which a test
+    suite run with warnings as errors turns into an exception that skips the stop: the thread
+    and the sqlite3 connection would live on. Marking the connection closed first keeps that
+    finalizer quiet (ours has said it); the queued function closes the sqlite3 connection on
+    the worker's own thread, after any function still queued, then ends the worker's loop.
+    """
+    raw = conn._connection
+    conn._connection = None
+    conn._running = False
+
+    def stop() -> object:
+        if raw is not None:
+            raw.close()
+        return aiosqlite.core._STOP_RUNNING_SENTINEL
+
+    conn._tx.put_nowait((None, stop))
 
 
 async def _suspend() -> None:
@@ -838,20 +889,13 @@ class SqliteBackend:
         raw = conn._connection
         if raw is None:
             raise StoreClosedError(f"the connection to {database} closed while opening")
-        self._raw: sqlite3.Connection = raw
+        self._worker = _Worker(raw, database=database, busy_timeout=options.busy_timeout)
         self._database = database
-        # The file's identity at open: see _refuse_replaced_file.
-        self._path: str | None = None
-        self._identity: tuple[int, int] | None = None
-        self._busy_timeout = options.busy_timeout
         self._pending: list[tuple[Op[Any], asyncio.Future[Any]]] = []
         self._writing = False
         self._flusher: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()  # set while no write is in flight or queued
         self._idle.set()
-        # Held by whoever is using the sqlite3 connection: the worker thread for each function
-        # it runs, or the event loop's thread for a call run inline (see _inline_ok).
-        self._lock = threading.Lock()
         # Small calls on an in-memory database run inline on the event loop's thread: there is
         # no file to wait on (no fsync, no other process's lock), so the thread hop would be
         # most of their cost. Set by open(); file databases always hop.
@@ -864,10 +908,12 @@ class SqliteBackend:
         database = "the in-memory database" if path == MEMORY else f"database {path!r}"
         try:
             # check_same_thread=False: an in-memory store runs small calls on the loop's
-            # thread too, serialised with the worker thread by the backend's lock.
-            conn = await aiosqlite.connect(
+            # thread too, serialised with the worker thread by _Worker.lock.
+            connecting = aiosqlite.connect(
                 path, isolation_level=None, check_same_thread=path != MEMORY
             )
+            daemon_worker(connecting)
+            conn = await connecting
         except sqlite3.Error as exc:
             raise translate(exc, database=database, busy_timeout=options.busy_timeout) from exc
         try:
@@ -878,15 +924,29 @@ class SqliteBackend:
         try:
             await backend.read(partial(configure, file=path != MEMORY, options=options))
             if path != MEMORY:
-                backend._path, backend._identity = _locate(path)
+                backend._worker.path, backend._worker.identity = _locate(path)
             else:
                 backend._inline = True
             if options.migrate:
-                await backend.read(backend.migrate_op)
+                await backend.read(backend.migrate_op())
         except BaseException:
             await backend.close()
             raise
         return backend
+
+    def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+        # Collected without close(): stop the worker thread and say so, as asyncio does for an
+        # unclosed event loop. _warn is bound at definition: at interpreter exit the warnings
+        # module may be gone before this runs.
+        if not getattr(self, "_closing", True):  # True too if __init__ failed before it
+            self._closing = True
+            stop_worker(self._conn)
+            _warn(
+                f"the store for {self._database} was never closed; close it with "
+                "'async with Store.connect(...) as store' or 'await store.close()'",
+                ResourceWarning,
+                source=self,
+            )
 
     async def close(self) -> None:
         # Every write already accepted finishes (and commits) before the connection closes:
@@ -896,27 +956,19 @@ class SqliteBackend:
         with contextlib.suppress(Exception):
             await self._conn.close()
 
-    def migrate_op(self, conn: sqlite3.Connection) -> list[int]:
-        return migrate(conn, database=self._database)
+    # Ops are plain functions of the connection, never bound methods of the backend: see _Worker.
+    def migrate_op(self) -> Op[list[int]]:
+        return partial(migrate, database=self._database)
 
-    def migration_status_op(self, conn: sqlite3.Connection) -> list[MigrationState]:
-        return migration_status(conn, database=self._database)
-
-    def _translate(self, exc: BaseException) -> BaseException:
-        return translate(exc, database=self._database, busy_timeout=self._busy_timeout)
-
-    def _raise(self, exc: BaseException) -> NoReturn:
-        error = self._translate(exc)
-        if error is exc:
-            raise exc
-        raise error from exc
+    def migration_status_op(self) -> Op[list[MigrationState]]:
+        return partial(migration_status, database=self._database)
 
     def read(self, op: Op[T], *, small: bool = False) -> Awaitable[T]:
         """Run ``op`` outside any explicit transaction; await the result.
 
         ``small``: the op reads a bounded number of rows, so on an in-memory database it may
         run inline (see _inline_ok). Otherwise one hop, and no coroutine of ours on the hot
-        path: errors are translated on the worker thread (_run_read), so the future already
+        path: errors are translated on the worker thread (_Worker.run_read), so the future already
         carries the ControlError.
         """
         if small and self._inline:
@@ -925,17 +977,17 @@ class SqliteBackend:
 
     def _hop_read(self, op: Op[T]) -> asyncio.Future[T]:
         try:
-            return on_thread(self._conn, partial(self._run_read, op))
+            return on_thread(self._conn, partial(self._worker.run_read, op))
         except Exception as exc:  # the connection is closed
-            self._raise(exc)
+            self._worker.raise_(exc)
 
     async def _read_inline(self, op: Op[T]) -> T:
         if not self._inline_ok():
             return await self._hop_read(op)
         try:
-            result = self._run_read_locked(op)
+            result = self._worker.run_read_locked(op)
         finally:
-            self._lock.release()
+            self._worker.lock.release()
         await _suspend()
         return result
 
@@ -948,17 +1000,7 @@ class SqliteBackend:
         taken hops, and queues behind whatever holds it. Once close() began, calls hop too,
         and meet the closed connection.
         """
-        return self._inline and not self._closing and self._lock.acquire(blocking=False)
-
-    def _run_read(self, op: Op[T]) -> T:
-        with self._lock:
-            return self._run_read_locked(op)
-
-    def _run_read_locked(self, op: Op[T]) -> T:
-        try:
-            return op(self._raw)
-        except Exception as exc:
-            self._raise(exc)
+        return self._inline and not self._closing and self._worker.lock.acquire(blocking=False)
 
     async def write(self, op: Op[T], *, small: bool = False) -> T:
         """Run ``op`` in a write transaction, grouped with any writes waiting meanwhile.
@@ -968,9 +1010,9 @@ class SqliteBackend:
         """
         if small and self._inline_ok():
             try:
-                ok, value = self._transact_one_locked(op)
+                ok, value = self._worker.transact_one_locked(op)
             finally:
-                self._lock.release()
+                self._worker.lock.release()
             await _suspend()
             if ok:
                 return cast(T, value)
@@ -984,9 +1026,9 @@ class SqliteBackend:
         self._writing = True
         self._idle.clear()
         try:
-            ok, value = await on_thread(self._conn, partial(self._transact_one, op))
+            ok, value = await on_thread(self._conn, partial(self._worker.transact_one, op))
         except Exception as exc:
-            self._raise(exc)
+            self._worker.raise_(exc)
         finally:
             self._writing = False
             if self._pending:
@@ -1012,11 +1054,11 @@ class SqliteBackend:
                     continue
                 ops = [op for op, _ in batch]
                 try:
-                    results = await on_thread(self._conn, partial(self._transact, ops))
+                    results = await on_thread(self._conn, partial(self._worker.transact, ops))
                 except Exception as exc:
                     for _, fut in batch:
                         if not fut.done():
-                            fut.set_exception(self._translate(exc))
+                            fut.set_exception(self._worker.translate(exc))
                     continue
                 for (_, fut), (ok, value) in zip(batch, results, strict=True):
                     if not fut.done():
@@ -1045,64 +1087,108 @@ class SqliteBackend:
                     fut.set_exception(StoreClosedError(f"the store for {self._database} closed"))
             self._pending = []
 
-    def _transact_one(self, op: Op[Any]) -> tuple[bool, Any]:
+
+class _Worker:
+    """What runs on the connection's worker thread: the sqlite3 connection, the lock that keeps
+    it to one user at a time, and the transaction wrappers around each op.
+
+    Separate from SqliteBackend, and holding no reference to it, because aiosqlite's worker
+    keeps the last function it ran until the next arrives: were that a method of the backend,
+    a store dropped without close() could never be collected, and so never warn or stop its
+    thread (see SqliteBackend.__del__).
+    """
+
+    __slots__ = ("busy_timeout", "database", "identity", "lock", "path", "raw")
+
+    def __init__(self, raw: sqlite3.Connection, *, database: str, busy_timeout: float) -> None:
+        self.raw = raw
+        self.database = database
+        self.busy_timeout = busy_timeout
+        # The file's identity at open: see refuse_replaced_file.
+        self.path: str | None = None
+        self.identity: tuple[int, int] | None = None
+        # Held by whoever is using the sqlite3 connection: the worker thread for each function
+        # it runs, or the event loop's thread for a call run inline (see
+        # SqliteBackend._inline_ok).
+        self.lock = threading.Lock()
+
+    def translate(self, exc: BaseException) -> BaseException:
+        return translate(exc, database=self.database, busy_timeout=self.busy_timeout)
+
+    def raise_(self, exc: BaseException) -> NoReturn:
+        error = self.translate(exc)
+        if error is exc:
+            raise exc
+        raise error from exc
+
+    def run_read(self, op: Op[T]) -> T:
+        with self.lock:
+            return self.run_read_locked(op)
+
+    def run_read_locked(self, op: Op[T]) -> T:
+        try:
+            return op(self.raw)
+        except Exception as exc:
+            self.raise_(exc)
+
+    def transact_one(self, op: Op[Any]) -> tuple[bool, Any]:
         """On the thread: run one op in its own BEGIN IMMEDIATE transaction and commit.
 
         The common case (one caller at a time) with no savepoint: the op's error rolls back the
         whole transaction, which holds nothing else.
         """
-        with self._lock:
-            return self._transact_one_locked(op)
+        with self.lock:
+            return self.transact_one_locked(op)
 
-    def _transact_one_locked(self, op: Op[Any]) -> tuple[bool, Any]:
-        conn = self._raw
+    def transact_one_locked(self, op: Op[Any]) -> tuple[bool, Any]:
+        conn = self.raw
         try:
             # IMMEDIATE: a deferred transaction that reads then writes gets SQLITE_BUSY at once
             # across processes, ignoring busy_timeout; IMMEDIATE waits for the lock properly.
             conn.execute("BEGIN IMMEDIATE")
             try:
-                self._refuse_replaced_file()
+                self.refuse_replaced_file()
                 result = op(conn)
             except BaseException as exc:  # KeyboardInterrupt from a job generator too
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                return (False, self._translate(exc))
+                return (False, self.translate(exc))
             conn.execute("COMMIT")
         except Exception as exc:
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
-            return (False, self._translate(exc))
+            return (False, self.translate(exc))
         return (True, result)
 
-    def _transact(self, ops: Sequence[Op[Any]]) -> list[tuple[bool, Any]]:
+    def transact(self, ops: Sequence[Op[Any]]) -> list[tuple[bool, Any]]:
         """On the thread: run ``ops`` in one BEGIN IMMEDIATE transaction and one commit.
 
         Returns (True, result) or (False, error) per op. Each op runs in its own savepoint, so
         a failing op rolls back only itself; an error that ends the transaction itself (disk
         full, I/O) or a failed COMMIT fails every op, none of which took effect.
         """
-        with self._lock:
-            return self._transact_locked(ops)
+        with self.lock:
+            return self.transact_locked(ops)
 
-    def _transact_locked(self, ops: Sequence[Op[Any]]) -> list[tuple[bool, Any]]:
-        conn = self._raw
+    def transact_locked(self, ops: Sequence[Op[Any]]) -> list[tuple[bool, Any]]:
+        conn = self.raw
         try:
-            conn.execute("BEGIN IMMEDIATE")  # IMMEDIATE: see _transact_one
+            conn.execute("BEGIN IMMEDIATE")  # IMMEDIATE: see transact_one
         except sqlite3.Error as exc:
-            return [(False, self._translate(exc)) for _ in ops]
+            return [(False, self.translate(exc)) for _ in ops]
         results: list[tuple[bool, Any]] = []
         try:
-            self._refuse_replaced_file()
+            self.refuse_replaced_file()
             for op in ops:
                 conn.execute("SAVEPOINT group_commit")
-                result = self._attempt(op, conn)
+                result = self.attempt(op, conn)
                 if not result[0] and not conn.in_transaction:
                     # The error rolled back the whole transaction: nothing here committed.
                     # Each caller gets its own error instance, translated afresh.
                     error = result[1]
                     cause = error.__cause__ or error
-                    return [(False, self._translate(cause)) for _ in ops]
+                    return [(False, self.translate(cause)) for _ in ops]
                 if not result[0]:
                     conn.execute("ROLLBACK TO group_commit")
                 conn.execute("RELEASE group_commit")
@@ -1112,10 +1198,10 @@ class SqliteBackend:
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
-            return [(False, self._translate(exc)) for _ in ops]
+            return [(False, self.translate(exc)) for _ in ops]
         return results
 
-    def _refuse_replaced_file(self) -> None:
+    def refuse_replaced_file(self) -> None:
         """Raise StorageError if the path no longer names the file this store opened.
 
         SQLite in WAL mode keeps writing, without an error, to a file that was deleted, moved or
@@ -1124,23 +1210,23 @@ class SqliteBackend:
         per transaction, under the write lock, before anything is written, turns that into an
         error; putting the file back makes the same store usable again.
         """
-        if self._path is None:
+        if self.path is None:
             return
         try:
-            now = _file_identity(self._path)
+            now = _file_identity(self.path)
         except OSError:
             now = None
-        if now != self._identity:
+        if now != self.identity:
             error = StorageError(
-                f"{self._database} was deleted, moved or replaced while this store had it "
+                f"{self.database} was deleted, moved or replaced while this store had it "
                 "open; nothing of this call was written: put the file back (or restore it from "
                 "a backup) and retry, or close the store and connect again"
             )
             error.retryable = True
             raise error
 
-    def _attempt(self, op: Op[Any], conn: sqlite3.Connection) -> tuple[bool, Any]:
+    def attempt(self, op: Op[Any], conn: sqlite3.Connection) -> tuple[bool, Any]:
         try:
             return (True, op(conn))
         except BaseException as exc:  # KeyboardInterrupt from a job generator too: the caller
-            return (False, self._translate(exc))  # gets it; the savepoint is rolled back
+            return (False, self.translate(exc))  # gets it; the savepoint is rolled back

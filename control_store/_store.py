@@ -256,9 +256,9 @@ class Store:
     async def migrate(self) -> list[int]:
         """Apply pending migrations (connect does this unless ``migrate=False``)."""
         backend = self._open()
-        return await backend.read(backend.migrate_op)
+        return await backend.read(backend.migrate_op())
 
     async def migration_status(self) -> list[MigrationState]:
         """Every migration this library has, with when it was applied (None: pending)."""
         backend = self._open()
-        return await backend.read(backend.migration_status_op)
+        return await backend.read(backend.migration_status_op())
