@@ -548,6 +548,7 @@ def check_schema(conn: sqlite3.Connection, *, database: str) -> None:
         f"migrates: {fix}",
         found=found,
         needed=needed.version,
+        pending=tuple((m.version, m.description) for m in todo),
     )
 
 

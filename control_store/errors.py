@@ -126,13 +126,17 @@ class PendingMigrationError(MigrationError):
 
     A read-only store never migrates, and reading an older schema with newer code could
     misread it, so connect refuses. ``found`` is the newest migration applied (0: none),
-    ``needed`` the newest one this library has.
+    ``needed`` the newest one this library has, ``pending`` the (version, description) of
+    each one not applied.
     """
 
-    def __init__(self, message: str, *, found: int, needed: int) -> None:
+    def __init__(
+        self, message: str, *, found: int, needed: int, pending: tuple[tuple[int, str], ...]
+    ) -> None:
         super().__init__(message)
         self.found = found
         self.needed = needed
+        self.pending = pending  # (version, description) of each migration not applied
 
 
 class DirtyMigrationError(MigrationError):
