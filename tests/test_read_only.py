@@ -12,8 +12,6 @@ import hashlib
 import shutil
 import sqlite3
 import stat
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,10 +29,9 @@ from control_store import (
     RunStatus,
     Store,
     UnknownMigrationError,
-    _migrate,
 )
 
-from conftest import WORKERS, Worker, assert_sound, make_jobs, make_run, raw_db
+from conftest import Worker, assert_sound, make_jobs, make_run, raw_db, with_second_migration
 
 TRACKING = "_control_store_migrations"
 READ_ONLY_DIR = stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH
@@ -253,26 +250,12 @@ async def test_a_file_that_is_not_sqlite_is_refused(tmp_path: Path) -> None:
     assert path.read_bytes() == b"not a database " * 100
 
 
-def _with_second_migration(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the library know a migration 2 that the test databases do not have."""
-    original = _migrate.load_migrations
-
-    def load(backend: str, directory: Path | None = None) -> list[_migrate.Migration]:
-        sql = b"CREATE TABLE leases (job_id TEXT PRIMARY KEY);\n"
-        extra = _migrate.Migration(
-            2, "add leases", sql.decode(), _migrate.checksum(sql), Path("0002_add_leases.sql")
-        )
-        return [*original(backend, directory), extra]
-
-    monkeypatch.setattr(_migrate, "load_migrations", load)
-
-
 async def test_an_older_schema_is_refused_naming_both_versions(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A database behind the library's newest migration: found, needed and the fix named."""
     await populate(db_path)
-    _with_second_migration(monkeypatch)
+    with_second_migration(monkeypatch)
     before = digest(db_path)
     with pytest.raises(PendingMigrationError) as caught:
         await Store.connect(db_path, read_only=True)
@@ -378,22 +361,6 @@ async def test_a_writer_writes_while_a_read_only_store_holds_a_snapshot(db_path:
 
 # ---------------------------------------------------------------------------------------------
 # Files and directories this process may not write (a worker without root's privileges)
-
-
-@pytest.fixture(scope="module")
-def permissions_obeyed(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Skip unless a worker is refused writing a read-only file (it drops root's privileges)."""
-    path = tmp_path_factory.mktemp("probe") / "read-only"
-    path.touch(mode=0o444)
-    path.chmod(0o444)
-    done = subprocess.run(
-        [sys.executable, str(WORKERS), "probe-permissions", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.stdout.split() != ["protected"]:
-        pytest.skip(f"cannot run a process that obeys file permissions here: {done.stderr[-300:]}")
 
 
 def _read_in_worker(db: Path) -> list[str]:
