@@ -523,10 +523,10 @@ def check_schema(conn: sqlite3.Connection, *, database: str) -> None:
     if not todo:
         return
     needed = known[-1]
-    done = [row for row in applied if row.version not in {m.version for m in todo}]
-    found = max((row.version for row in done), default=0)
+    # pending() passed: every applied row is a known migration that succeeded.
+    found = max((row.version for row in applied), default=0)
     names = ", ".join(f"{m.version} ({m.description})" for m in todo)
-    if not done:
+    if not applied:
         state = (
             "has no control_store migration applied (it is empty, or not a control_store database)"
         )
@@ -535,7 +535,7 @@ def check_schema(conn: sqlite3.Connection, *, database: str) -> None:
             "once without read_only (control-store migrate does that)"
         )
     else:
-        latest = next(row for row in done if row.version == found)
+        latest = next(row for row in applied if row.version == found)
         state = f"is at migration {found} ({latest.description})"
         fix = (
             "connect once without read_only to apply them (control-store migrate does that; "
