@@ -44,6 +44,8 @@ from .errors import (
     MigrationError,
     MissingRunError,
     NotFoundError,
+    PendingMigrationError,
+    ReadOnlyStoreError,
     StorageError,
     StoreClosedError,
     WrongRunError,
@@ -178,6 +180,10 @@ class Options:
     busy_timeout: float
     synchronous: str
     migrate: bool
+    read_only: bool = False
+    # Private (no keyword sets it): the CLI's `migrate --status` reads a schema of any version
+    # read-only, to list what is pending; every other read-only store refuses one at connect.
+    check_schema: bool = True
 
 
 _SYNCHRONOUS: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -190,7 +196,7 @@ def redact(url: str) -> str:
 
 def parse_options(options: dict[str, object]) -> Options:
     """Validate ``Store.connect``'s keyword options."""
-    allowed = {"busy_timeout", "synchronous", "migrate"}
+    allowed = {"busy_timeout", "synchronous", "migrate", "read_only"}
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise ConfigurationError(
@@ -212,10 +218,45 @@ def parse_options(options: dict[str, object]) -> Options:
             f"synchronous={synchronous!r} must be one of {list(_SYNCHRONOUS)}; "
             "FULL (the default) survives power loss, NORMAL survives a process crash"
         )
-    migrate = options.get("migrate", True)
+    read_only = options.get("read_only", False)
+    if not isinstance(read_only, bool):
+        raise ConfigurationError(
+            f"read_only={read_only!r} must be True or False; True opens an existing database "
+            "for reading only (no writes, no migrations, the file left as it is)"
+        )
+    migrate = options.get("migrate", not read_only)
     if not isinstance(migrate, bool):
         raise ConfigurationError(f"migrate={migrate!r} must be True or False")
-    return Options(float(busy_timeout), synchronous.upper(), migrate)
+    if read_only and migrate:
+        raise ConfigurationError(
+            "migrate=True contradicts read_only=True: a read-only store never migrates; drop "
+            "migrate=True, or connect without read_only to apply migrations"
+        )
+    return Options(float(busy_timeout), synchronous.upper(), migrate, read_only)
+
+
+def _require_file(path: str, database: str) -> None:
+    """Refuse a read-only open of a file that does not exist: ``mode=ro`` never creates one.
+
+    A ConfigurationError, as parse_url's missing directory: the URL names nothing usable.
+    (SQLite would say only SQLITE_CANTOPEN, "unable to open database file".)
+    """
+    if not os.path.exists(path):
+        raise ConfigurationError(
+            f"cannot open {database} read-only: no such file (read_only=True never creates "
+            "one); check the path, or create and migrate the database by connecting without "
+            "read_only"
+        )
+
+
+def read_only_uri(path: str) -> str:
+    """The ``file:`` URI that opens ``path`` read-only (``mode=ro``): never created, never written.
+
+    Absolute, and percent-encoded by Path.as_uri (``?``, ``#``, ``%`` and spaces included):
+    in a URI SQLite reads ``?`` as the start of the query and ``#`` as the fragment, and
+    decodes ``%XX``, so a file named ``a?b#c%20.db`` must reach it as ``a%3Fb%23c%2520.db``.
+    """
+    return f"{Path(os.path.abspath(path)).as_uri()}?mode=ro"
 
 
 def parse_url(url: str | os.PathLike[str]) -> str:
@@ -495,6 +536,108 @@ def _refuse_read_only(conn: sqlite3.Connection) -> None:
     finally:
         if conn.in_transaction:  # an I/O error may already have ended it; keep that error
             conn.execute("ROLLBACK")
+
+
+def configure_read_only(conn: sqlite3.Connection, *, path: str, options: Options) -> None:
+    """Set up a ``mode=ro`` connection and check its schema; nothing is written.
+
+    No journal_mode (switching it writes the file header) and no synchronous (nothing to
+    sync). query_only makes SQLite itself refuse any write that got past the Store's guard.
+    The schema check is the connection's first read of the file: in WAL mode that is where
+    SQLite needs the -shm file, so its failure is explained here (see _explain_unreadable).
+    """
+    conn.execute(f"PRAGMA busy_timeout = {int(options.busy_timeout * 1000)}")
+    conn.execute("PRAGMA query_only = ON")
+    database = f"database {path!r}"
+    try:
+        if options.check_schema:
+            check_schema(conn, database=database)
+        else:
+            conn.execute(SELECT_TRACKING_EXISTS, (_migrate.TRACKING_TABLE,)).fetchone()
+    except sqlite3.Error as exc:
+        explained = _explain_unreadable(exc, path=path, database=database)
+        if explained is None:
+            raise
+        raise explained from exc
+
+
+def check_schema(conn: sqlite3.Connection, *, database: str) -> None:
+    """Raise unless the schema is exactly at this library's newest migration.
+
+    The same checks as migrating (a failed, edited or unknown migration is refused, as
+    _migrate.pending does), and then no migration may be pending: a read-only store cannot
+    apply it, and this library's queries assume the newest schema.
+    """
+    known = _migrate.load_migrations("sqlite")
+    applied = _read_applied(conn)
+    todo = _migrate.pending(known, applied, database=database)
+    if not todo:
+        return
+    needed = known[-1]
+    # pending() passed: every applied row is a known migration that succeeded.
+    found = max((row.version for row in applied), default=0)
+    names = ", ".join(f"{m.version} ({m.description})" for m in todo)
+    if not applied:
+        state = (
+            "has no control_store migration applied (it is empty, or not a control_store database)"
+        )
+        fix = (
+            "point read_only at a control_store database, or create the schema by connecting "
+            "once without read_only (control-store migrate does that)"
+        )
+    else:
+        latest = next(row for row in applied if row.version == found)
+        state = f"is at migration {found} ({latest.description})"
+        fix = (
+            "connect once without read_only to apply them (control-store migrate does that; "
+            "on a copy you may not write, migrate a writable copy), or read it with the "
+            f"control_store release whose newest migration is {found}"
+        )
+    raise PendingMigrationError(
+        f"{database} {state}, but this version of control_store needs migration "
+        f"{needed.version} ({needed.description}); pending: {names}. A read-only store never "
+        f"migrates: {fix}",
+        found=found,
+        needed=needed.version,
+        pending=tuple((m.version, m.description) for m in todo),
+    )
+
+
+def _explain_unreadable(exc: sqlite3.Error, *, path: str, database: str) -> ControlError | None:
+    """The StorageError that explains why a ``mode=ro`` connection cannot read ``path``.
+
+    Measured on SQLite 3.40.1 (tests/test_read_only.py), for a database in WAL mode opened with
+    mode=ro: it reads fine where its directory is writable (SQLite creates the -shm and -wal
+    files it needs, and leaves them), or where both files are already there. In a directory it
+    may not write, with no -shm file, the first read fails with SQLITE_READONLY_DIRECTORY; with
+    a -wal file but no -shm file, with SQLITE_CANTOPEN. A database in rollback-journal mode
+    needs neither file. None: ``exc`` is some other failure, translated as usual.
+    """
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    if not name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")) or not _in_wal_mode(path):
+        return None
+    directory = os.path.dirname(os.path.abspath(path))
+    present = [suffix for suffix in ("-wal", "-shm") if os.path.exists(f"{path}{suffix}")]
+    beside = " and ".join(present) or "neither"
+    return StorageError(
+        f"{database} cannot be read read-only [{exc} ({name})]: it is in WAL mode, and SQLite "
+        "needs its -shm and -wal files even to read it, but may not create them in "
+        f"{directory!r} (of the two, {beside} is there); nothing was changed. Copy the "
+        "database together with its -wal and -shm files (all three, taken while no process "
+        "writes it), or put the copy in a directory this process may write, or switch the "
+        "copy out of WAL mode before making it read-only (sqlite3 COPY.db "
+        "'PRAGMA journal_mode=DELETE': it then needs neither file)"
+    )
+
+
+def _in_wal_mode(path: str) -> bool:
+    """Whether the file's header says WAL: bytes 18 and 19 (write and read version) are 2."""
+    try:
+        with open(path, "rb") as file:
+            header = file.read(20)
+    except OSError:
+        return False
+    return header[18:20] == b"\x02\x02"
 
 
 def _locate(path: str) -> tuple[str, tuple[int, int]]:
@@ -875,6 +1018,18 @@ def op_record_outcomes(
     return results
 
 
+async def _connect(
+    target: str, database: str, options: Options, **kwargs: Any
+) -> aiosqlite.Connection:
+    """An aiosqlite connection in autocommit mode, its worker a daemon (see daemon_worker)."""
+    try:
+        connecting = aiosqlite.connect(target, isolation_level=None, **kwargs)
+        daemon_worker(connecting)
+        return await connecting
+    except sqlite3.Error as exc:
+        raise translate(exc, database=database, busy_timeout=options.busy_timeout) from exc
+
+
 # ---------------------------------------------------------------------------------------------
 # The backend: one connection, reads as single hops, writes through the group commit.
 
@@ -901,21 +1056,23 @@ class SqliteBackend:
         # most of their cost. Set by open(); file databases always hop.
         self._inline = False
         self._closing = False
+        # Set by _open_read_only: write() refuses at once, and SQLite itself would too.
+        self.read_only = False
+
+    @property
+    def database(self) -> str:
+        """The database as messages name it: ``database '/path/x.db'`` or the in-memory one."""
+        return self._database
 
     @classmethod
     async def open(cls, url: str | os.PathLike[str], options: Options) -> SqliteBackend:
         path = parse_url(url)
         database = "the in-memory database" if path == MEMORY else f"database {path!r}"
-        try:
-            # check_same_thread=False: an in-memory store runs small calls on the loop's
-            # thread too, serialised with the worker thread by _Worker.lock.
-            connecting = aiosqlite.connect(
-                path, isolation_level=None, check_same_thread=path != MEMORY
-            )
-            daemon_worker(connecting)
-            conn = await connecting
-        except sqlite3.Error as exc:
-            raise translate(exc, database=database, busy_timeout=options.busy_timeout) from exc
+        if options.read_only:
+            return await cls._open_read_only(path, database, options)
+        # check_same_thread=False: an in-memory store runs small calls on the loop's thread
+        # too, serialised with the worker thread by _Worker.lock.
+        conn = await _connect(path, database, options, check_same_thread=path != MEMORY)
         try:
             backend = cls(conn, database=database, options=options)
         except BaseException:
@@ -929,6 +1086,33 @@ class SqliteBackend:
                 backend._inline = True
             if options.migrate:
                 await backend.read(backend.migrate_op())
+        except BaseException:
+            await backend.close()
+            raise
+        return backend
+
+    @classmethod
+    async def _open_read_only(cls, path: str, database: str, options: Options) -> SqliteBackend:
+        """Open an existing file with SQLite's ``mode=ro``: no journal switch, no migration.
+
+        The schema must be exactly at this library's newest migration (see check_schema_op):
+        a read-only store cannot bring it up to date, and must not misread another version.
+        """
+        if path == MEMORY:
+            raise ConfigurationError(
+                "read_only=True with an in-memory database: a new in-memory database is empty "
+                "and a read-only store could never fill it; name an existing database file"
+            )
+        _require_file(path, database)
+        conn = await _connect(read_only_uri(path), database, options, uri=True)
+        try:
+            backend = cls(conn, database=database, options=options)
+        except BaseException:
+            await conn.close()
+            raise
+        backend.read_only = True
+        try:
+            await backend.read(partial(configure_read_only, path=path, options=options))
         except BaseException:
             await backend.close()
             raise
@@ -1008,6 +1192,11 @@ class SqliteBackend:
         ``small``: as for read(); inline, the call is its own transaction (in memory a commit
         costs no fsync, so grouping would buy nothing).
         """
+        if self.read_only:  # Store names the method first; this guards any other caller
+            raise ReadOnlyStoreError(
+                f"{self._database} was opened with read_only=True and refuses writes; "
+                "nothing was written: connect again without read_only to write"
+            )
         if small and self._inline_ok():
             try:
                 ok, value = self._worker.transact_one_locked(op)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import uuid
 from collections.abc import Generator, Iterable
@@ -10,7 +11,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from . import _codec, _sqlite
-from .errors import InvalidInputError, StoreClosedError
+from .errors import InvalidInputError, ReadOnlyStoreError, StoreClosedError
 from .models import Job, JobOutcome, Problem, Run, RunStatus
 
 __all__ = ["MigrationState", "Store"]
@@ -86,7 +87,15 @@ class Store:
         or a plain path. Options: ``busy_timeout`` (seconds to wait for another process's
         write lock, default 5), ``synchronous`` (``"FULL"``, the default, survives power loss;
         ``"NORMAL"`` survives a process crash), ``migrate`` (apply pending migrations at
-        connect, default True).
+        connect, default True), ``read_only`` (default False; see below).
+
+        ``read_only=True`` opens an existing file for reading only, through SQLite's
+        ``mode=ro``: it never creates the file (a missing one is a ``ConfigurationError``),
+        never changes its journal mode, never migrates, and every write method raises
+        ``ReadOnlyStoreError`` before touching the database. The schema must be exactly at
+        this library's newest migration: an older one is a ``PendingMigrationError``, a newer
+        one an ``UnknownMigrationError``. A database in WAL mode (every store's) can be read
+        only where SQLite finds or may create its -wal and -shm files; see docs/read-only.md.
         """
         return _Connecting(url, options)
 
@@ -107,6 +116,11 @@ class Store:
         await self.close()
 
     @property
+    def read_only(self) -> bool:
+        """True if the store was opened with ``read_only=True`` (and refuses every write)."""
+        return self._backend is not None and self._backend.read_only
+
+    @property
     def closed(self) -> bool:
         """True once ``close()`` has been called."""
         return self._backend is None
@@ -122,9 +136,20 @@ class Store:
             raise StoreClosedError("the store is closed; open a new one with Store.connect(url)")
         return self._backend
 
+    def _writable(self, method: str) -> _sqlite.SqliteBackend:
+        """The backend, for a write: refused at once, before any SQL, on a read-only store."""
+        backend = self._open()
+        if backend.read_only:
+            raise ReadOnlyStoreError(
+                f"{method}() writes, and this store on {backend.database} was opened with "
+                "read_only=True; nothing was written: connect again without read_only "
+                "(Store.connect(url)) to write"
+            )
+        return backend
+
     async def insert_run(self, run: Run) -> None:
         """Store a new run. A run with the same id is refused (``AlreadyExistsError``)."""
-        backend = self._open()
+        backend = self._writable("insert_run")
         params = _codec.run_params(run)
         await backend.write(partial(_sqlite.op_insert_run, params), small=True)
 
@@ -140,7 +165,7 @@ class Store:
         Any iterable works, a generator included; it is consumed on the store's worker thread,
         in bounded memory, so it must not touch the event loop.
         """
-        backend = self._open()
+        backend = self._writable("insert_jobs")
         if isinstance(jobs, Job) or not isinstance(jobs, Iterable):
             raise InvalidInputError(
                 f"insert_jobs takes an iterable of Job, got {type(jobs).__name__}; "
@@ -165,7 +190,7 @@ class Store:
 
         No two claimers, in this process or any other on the same database, get the same run.
         """
-        backend = self._open()
+        backend = self._writable("claim_next_run")
         return await backend.write(_sqlite.op_claim_next_run, small=True)
 
     async def record_job_outcome(self, run_id: uuid.UUID, outcome: JobOutcome) -> bool:
@@ -176,7 +201,7 @@ class Store:
         every job is. An outcome for an unknown job (``NotFoundError``) or another run's job
         (``WrongRunError``) changes nothing.
         """
-        backend = self._open()
+        backend = self._writable("record_job_outcome")
         run_key = _id(run_id, what="run_id")
         job_key, payload = _codec.outcome_params(outcome)
         op = partial(_sqlite.op_record_outcome, run_key, job_key, payload)
@@ -188,7 +213,7 @@ class Store:
         One statement under one write lock: the batch is all-or-nothing, and no run is ever in
         two claimers' batches. Returns fewer than ``limit`` runs (or []) when fewer are queued.
         """
-        backend = self._open()
+        backend = self._writable("claim_runs")
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= _INT64_MAX:
             raise InvalidInputError(
                 f"limit must be an int from 1 to {_INT64_MAX}, got {limit!r}; "
@@ -208,7 +233,7 @@ class Store:
         (``NotFoundError``) or another run's job (``WrongRunError``), or one that cannot be
         stored (``InvalidInputError``), records none of the batch.
         """
-        backend = self._open()
+        backend = self._writable("record_job_outcomes")
         run_key = _id(run_id, what="run_id")
         if isinstance(outcomes, JobOutcome) or not isinstance(outcomes, Iterable):
             raise InvalidInputError(
@@ -255,10 +280,22 @@ class Store:
 
     async def migrate(self) -> list[int]:
         """Apply pending migrations (connect does this unless ``migrate=False``)."""
-        backend = self._open()
+        backend = self._writable("migrate")
         return await backend.read(backend.migrate_op())
 
     async def migration_status(self) -> list[MigrationState]:
         """Every migration this library has, with when it was applied (None: pending)."""
         backend = self._open()
         return await backend.read(backend.migration_status_op())
+
+
+async def connect_any_version(url: str | os.PathLike[str], *, busy_timeout: float) -> Store:
+    """A read-only store that accepts a schema of any version (no migration check).
+
+    Only for listing migrations (the CLI's ``migrate --status``) on a database that may be
+    behind: its other reads assume the newest schema, which is why ``read_only=True`` alone
+    refuses any other version.
+    """
+    options = _sqlite.parse_options({"busy_timeout": busy_timeout, "read_only": True})
+    unchecked = dataclasses.replace(options, check_schema=False)
+    return Store(await _sqlite.SqliteBackend.open(url, unchecked))

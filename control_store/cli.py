@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 import msgspec
 
 from . import _sqlite
-from ._store import Store
-from .errors import ControlError, DatabaseBusyError, NotFoundError
+from ._store import Store, connect_any_version
+from .errors import ControlError, DatabaseBusyError, NotFoundError, PendingMigrationError
 from .models import Job, JobStatus, Run, RunStatus
 
 if TYPE_CHECKING:  # the demo's module is imported only when the demo runs
@@ -161,24 +161,32 @@ def _database_path(url: str, *, create_hint: str) -> str:
 
 
 async def _open_existing(args: argparse.Namespace) -> Store:
-    """Open the store for reading: never create a file, never migrate behind the user's back."""
+    """Open the store for reading only: never create a file, never migrate, never write.
+
+    read_only=True (SQLite's mode=ro), so the read commands work on a copy on read-only media
+    or a file this user may not write, and leave the file as it was.
+    """
     url = _url(args)
     hint = f"create one with '{PROG} migrate' (or '{PROG} demo')"
     path = _database_path(url, create_hint=hint)
-    store = await Store.connect(url, busy_timeout=_busy_timeout(args), migrate=path == ":memory:")
+    if path == _sqlite.MEMORY:
+        # A new in-memory database, empty, which a read-only store refuses: migrated, so the
+        # commands answer (no runs) instead of failing.
+        return await Store.connect(url, busy_timeout=_busy_timeout(args))
     try:
-        pending = [m for m in await store.migration_status() if m.installed_on is None]
-    except BaseException:
-        await store.close()
-        raise
-    if pending:
-        await store.close()
-        names = ", ".join(f"{m.version} ({m.description})" for m in pending)
+        return await Store.connect(url, busy_timeout=_busy_timeout(args), read_only=True)
+    except PendingMigrationError as exc:
+        names = ", ".join(f"{version} ({description})" for version, description in exc.pending)
+        older = (
+            f", or read it with the control-store release whose newest migration is {exc.found}"
+            if exc.found
+            else ""
+        )
         raise Failure(
             f"database {path!r} has pending migrations: {names}; apply them with "
-            f"'{PROG} migrate --url {_sqlite.redact(url)}'"
-        )
-    return store
+            f"'{PROG} migrate --url {_sqlite.redact(url)}' (on a copy you may not write: "
+            f"migrate a writable copy{older})"
+        ) from exc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,9 +231,12 @@ async def cmd_migrate(args: argparse.Namespace, out: Terminal) -> int:
 
 
 async def _open_for_status(args: argparse.Namespace) -> Store:
+    """Open the store read-only to list its migrations, at whatever version it is."""
     url = _url(args)
-    _database_path(url, create_hint=f"create one with '{PROG} migrate'")
-    return await Store.connect(url, busy_timeout=_busy_timeout(args), migrate=False)
+    path = _database_path(url, create_hint=f"create one with '{PROG} migrate'")
+    if path == _sqlite.MEMORY:
+        return await Store.connect(url, busy_timeout=_busy_timeout(args), migrate=False)
+    return await connect_any_version(url, busy_timeout=_busy_timeout(args))
 
 
 async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:

@@ -7,7 +7,8 @@ to what (the id, the column, the value), and what to do::
 
     ControlError
     ├── StoreClosedError          a call on a store after close()
-    ├── ConfigurationError        bad URL, unknown option, missing directory, not a database
+    ├── ReadOnlyStoreError        a write called on a store opened with read_only=True
+    ├── ConfigurationError        bad URL or option, missing directory (or file), not a database
     ├── InvalidInputError         a value the store cannot keep (naive datetime, epochs < 1, ...)
     ├── NotFoundError             an outcome for a job the store does not have
     ├── WrongRunError             an outcome for a job that belongs to another run
@@ -18,6 +19,7 @@ to what (the id, the column, the value), and what to do::
     ├── MigrationError            the schema cannot be brought up to date
     │   ├── MigrationChangedError an applied migration's file was edited afterwards
     │   ├── UnknownMigrationError the database holds a migration this library does not have
+    │   ├── PendingMigrationError a read-only store met a schema older than this library's
     │   └── DirtyMigrationError   a migration was recorded as failed
     ├── DatabaseBusyError         another connection held the write lock past busy_timeout;
     │                             retryable (``retryable`` is True)
@@ -41,6 +43,8 @@ __all__ = [
     "MigrationError",
     "MissingRunError",
     "NotFoundError",
+    "PendingMigrationError",
+    "ReadOnlyStoreError",
     "StorageError",
     "StoreClosedError",
     "UnknownMigrationError",
@@ -56,6 +60,14 @@ class ControlError(Exception):
 
 class StoreClosedError(ControlError):
     """A call was made on a store that has been closed."""
+
+
+class ReadOnlyStoreError(ControlError):
+    """A write was called on a store opened with ``read_only=True``; nothing was written.
+
+    Not a StorageError: the file system refused nothing, and no retry of the same call on the
+    same store can succeed. Connect again without ``read_only`` to write.
+    """
 
 
 class ConfigurationError(ControlError):
@@ -107,6 +119,24 @@ class MigrationChangedError(MigrationError):
 
 class UnknownMigrationError(MigrationError):
     """The database was migrated by a newer version of the library."""
+
+
+class PendingMigrationError(MigrationError):
+    """A read-only store found the schema older than this library's latest migration.
+
+    A read-only store never migrates, and reading an older schema with newer code could
+    misread it, so connect refuses. ``found`` is the newest migration applied (0: none),
+    ``needed`` the newest one this library has, ``pending`` the (version, description) of
+    each one not applied.
+    """
+
+    def __init__(
+        self, message: str, *, found: int, needed: int, pending: tuple[tuple[int, str], ...]
+    ) -> None:
+        super().__init__(message)
+        self.found = found
+        self.needed = needed
+        self.pending = pending  # (version, description) of each migration not applied
 
 
 class DirtyMigrationError(MigrationError):

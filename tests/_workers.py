@@ -251,6 +251,31 @@ async def write_read_only(db: str) -> None:
         say("inserted", run.id)
 
 
+async def read_only_runs(db: str) -> None:
+    """Open the database read-only, as a user who may not write it: say what it holds or why not."""
+    obey_file_permissions()
+    try:
+        async with Store.connect(db, read_only=True) as store:
+            runs = await store.list_runs()
+            problems = await store.check()
+    except ControlError as exc:
+        say("refused", type(exc).__name__, str(exc).replace("\n", " "))
+    else:
+        say("read", len(runs), len(problems))
+
+
+def probe_permissions(path: str) -> None:
+    """Say whether this process, as the workers run, may write the read-only file ``path``."""
+    obey_file_permissions()
+    try:
+        with open(path, "ab"):
+            pass
+    except PermissionError:
+        say("protected")
+    else:
+        say("writable")
+
+
 async def write_past_file_size_limit(db: str, limit: str, count: str) -> None:
     """Meet a file size limit (a full small disk): report the error, retry once it is lifted."""
     # A write past RLIMIT_FSIZE raises SIGXFSZ, which kills by default; ignored, the write
@@ -286,6 +311,8 @@ _MODES: Final[dict[str, Callable[..., Awaitable[None] | None]]] = {
     "hold-lock": hold_lock,
     "write-read-only": write_read_only,
     "write-past-file-size-limit": write_past_file_size_limit,
+    "read-only-runs": read_only_runs,
+    "probe-permissions": probe_permissions,
 }
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from control_store import EvalJob, Job, Run, Store
+from control_store import EvalJob, Job, Run, Store, _migrate
 
 BACKENDS = ["memory", "file"]
 
@@ -194,3 +194,33 @@ async def assert_sound(path: Path) -> None:
     assert integrity(path) == "ok"
     async with Store.connect(path) as store:
         assert await store.check() == []
+
+
+@pytest.fixture(scope="session")
+def permissions_obeyed(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Skip unless a worker is refused writing a read-only file (it drops root's privileges)."""
+    path = tmp_path_factory.mktemp("probe") / "read-only"
+    path.touch(mode=0o444)
+    path.chmod(0o444)
+    done = subprocess.run(
+        [sys.executable, str(WORKERS), "probe-permissions", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.stdout.split() != ["protected"]:
+        pytest.skip(f"cannot run a process that obeys file permissions here: {done.stderr[-300:]}")
+
+
+def with_second_migration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the library know a migration 2 that the test databases do not have."""
+    original = _migrate.load_migrations
+
+    def load(backend: str, directory: Path | None = None) -> list[_migrate.Migration]:
+        sql = b"CREATE TABLE leases (job_id TEXT PRIMARY KEY);\n"
+        extra = _migrate.Migration(
+            2, "add leases", sql.decode(), _migrate.checksum(sql), Path("0002_add_leases.sql")
+        )
+        return [*original(backend, directory), extra]
+
+    monkeypatch.setattr(_migrate, "load_migrations", load)

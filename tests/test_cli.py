@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 from control_store import JobOutcome, Run, RunStatus, Store, cli
 from control_store import _demo as demo
 
-from conftest import make_jobs, make_run
+from conftest import WORKERS, make_jobs, make_run, with_second_migration
 
 Result = tuple[int, str, str]
 
@@ -417,6 +418,133 @@ def test_help_exits_0_and_names_every_command(capsys: pytest.CaptureFixture[str]
     assert code == 0
     for command in ("migrate", "runs", "show", "check", "demo"):
         assert command in out
+
+
+# ---------------------------------------------------------------------------------------------
+# Read commands on a database this user may not write
+
+
+def run_cli_obeying_permissions(*argv: str) -> Result:
+    """The command as a process subject to file permissions even as root (no CAP_DAC_*)."""
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "from _workers import obey_file_permissions; obey_file_permissions(); "
+        "from control_store import cli; sys.exit(cli.main(sys.argv[2:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(WORKERS.parent), *argv],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+        check=False,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def _digests(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def _read_only_file(db: Path) -> Path:
+    """The database itself made read-only, in its writable directory."""
+    db.chmod(0o444)
+    return db
+
+
+def _read_only_media(db: Path) -> Path:
+    """A copy out of WAL mode in a read-only directory: what a copy on read-only media is."""
+    media = db.parent / "media"
+    media.mkdir()
+    copy = media / db.name
+    with (
+        contextlib.closing(sqlite3.connect(db)) as source,
+        contextlib.closing(sqlite3.connect(copy)) as target,
+    ):
+        source.backup(target)
+        target.execute("PRAGMA journal_mode = DELETE")
+    copy.chmod(0o444)
+    media.chmod(0o555)
+    return copy
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("permissions_obeyed")
+@pytest.mark.parametrize("make", [_read_only_file, _read_only_media], ids=["file", "media"])
+def test_read_commands_work_on_a_database_the_user_may_not_write(
+    populated: tuple[Path, Run, Run], make: Callable[[Path], Path]
+) -> None:
+    """runs, show, check and migrate --status read it and leave every file as it was."""
+    db, older, newer = populated
+    path = make(db)
+    before = _digests(path.parent)
+    try:
+        code, out, err = run_cli_obeying_permissions("runs", "--url", str(path))
+        assert (code, err) == (0, "")
+        assert [line.split()[0] for line in out.splitlines()[1:]] == [str(newer.id), str(older.id)]
+        code, out, err = run_cli_obeying_permissions("show", str(older.id), "--url", str(path))
+        assert (code, err) == (0, "")
+        assert "3 recorded" in out
+        code, out, err = run_cli_obeying_permissions("check", "--url", str(path))
+        assert (code, out, err) == (0, f"no problems found in {path}\n", "")
+        code, out, err = run_cli_obeying_permissions("migrate", "--status", "--url", str(path))
+        assert (code, err) == (0, "")
+        assert out.splitlines()[1].split()[:3] == ["1", "init", "applied"]
+        # migrate writes: on a file it may not write, it fails in one line, and writes nothing.
+        assert_one_line_error(
+            run_cli_obeying_permissions("migrate", "--url", str(path)), "read-only"
+        )
+        after = _digests(path.parent)
+    finally:
+        path.parent.chmod(0o755)
+        path.chmod(0o644)
+    # SQLite may add the -shm and -wal files a WAL reader needs where the directory is writable.
+    assert {name: after[name] for name in before} == before
+    assert all(not after[name] for name in after if name.endswith("-wal"))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("permissions_obeyed")
+def test_a_wal_copy_without_its_sidecars_on_read_only_media_says_what_to_copy(
+    populated: tuple[Path, Run, Run],
+) -> None:
+    """A WAL database alone in a read-only directory: one line saying what to copy, exit 1."""
+    db, _, _ = populated
+    media = db.parent / "media"
+    media.mkdir()
+    shutil.copyfile(db, media / db.name)
+    media.chmod(0o555)
+    try:
+        result = run_cli_obeying_permissions("runs", "--url", str(media / db.name))
+    finally:
+        media.chmod(0o755)
+    assert_one_line_error(
+        result, "in WAL mode", "-wal and -shm files", "may write", "journal_mode=DELETE"
+    )
+
+
+def test_read_commands_on_an_older_schema_point_at_migrate(
+    capsys: pytest.CaptureFixture[str],
+    populated: tuple[Path, Run, Run],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A database behind the library: runs says to migrate; migrate --status lists what is due."""
+    db, _, _ = populated
+    with_second_migration(monkeypatch)
+    before = db.read_bytes()
+    assert_one_line_error(
+        run_cli(capsys, "runs", "--url", str(db)),
+        "pending migrations: 2 (add leases)",
+        f"'control-store migrate --url {db}'",
+        "release whose newest migration is 1",
+    )
+    code, out, _ = run_cli(capsys, "migrate", "--status", "--url", str(db))
+    assert code == 0
+    states = [line.split()[:3] for line in out.splitlines()[1:]]
+    assert states == [["1", "init", "applied"], ["2", "add", "leases"]]
+    assert out.splitlines()[2].split()[-1] == "pending"
+    assert db.read_bytes() == before
+    assert run_cli(capsys, "migrate", "--url", str(db))[0] == 0
+    assert run_cli(capsys, "runs", "--url", str(db))[0] == 0
 
 
 # ---------------------------------------------------------------------------------------------
