@@ -224,7 +224,8 @@ class Store:
         Nothing is held open between pages, so breaking out of the loop or cancelling the task
         mid-walk needs no cleanup. A row this version cannot read raises the CorruptRowError
         naming it when the walk reaches its page; an error leaves the walk where it was.
-        ``page_size`` is checked here, when the walk is created (``InvalidInputError``).
+        ``page_size`` is checked here, when the walk is created (``InvalidInputError``). A
+        walk is for one task: tasks sharing one may read the same page twice; start one each.
         """
         self._open()
         key = _id(run_id, what="run_id")
