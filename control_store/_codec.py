@@ -601,6 +601,20 @@ def decode_jobs(rows: Sequence[Sequence[Any]]) -> list[Job]:
         return [decode_job(row) for row in rows]
 
 
+def decode_keyed_jobs(rows: Sequence[Sequence[Any]]) -> list[Job]:
+    """Jobs from rows selected as ``rowid, JOB_COLUMNS`` (a page of iter_jobs), as decode_jobs.
+
+    The rowid is dropped column-wise on the fast path, with no per-row slice; the slow path
+    slices each row and lets decode_job name the bad cell.
+    """
+    if len(rows) >= _BATCH:
+        try:
+            return _jobs_of_columns(list(zip(*rows, strict=True))[1:])
+        except (TypeError, ValueError, KeyError):
+            pass
+    return [decode_job(row[1:]) for row in rows]
+
+
 def _jobs_of_columns(columns: list[tuple[Any, ...]]) -> list[Job]:
     ids, run_ids, specs, statuses, attempts, outcomes = columns
     if not (

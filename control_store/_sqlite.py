@@ -73,6 +73,17 @@ INSERT_JOB: Final = f"INSERT INTO jobs ({_JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?
 SELECT_JOB: Final = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE id = ?"
 # rowid: jobs come back in the order they were inserted.
 SELECT_JOBS_OF_RUN: Final = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE run_id = ? ORDER BY rowid"
+# iter_jobs' pages, in list_jobs' order (rowid), by keyset: each page starts after the last
+# rowid of the one before, so reading page k costs the same as reading page 1 (an OFFSET would
+# step over every row before it). idx_jobs_run keys (run_id, rowid), so "run_id = ? AND rowid
+# > ?" is one range seek in it. The first page has its own statement rather than "rowid > some
+# minimum": a hand-inserted row may hold any rowid, even -2**63, and list_jobs would return it.
+SELECT_FIRST_JOB_PAGE: Final = (
+    f"SELECT rowid, {_JOB_COLUMNS} FROM jobs WHERE run_id = ? ORDER BY rowid LIMIT ?"
+)
+SELECT_NEXT_JOB_PAGE: Final = (
+    f"SELECT rowid, {_JOB_COLUMNS} FROM jobs WHERE run_id = ? AND rowid > ? ORDER BY rowid LIMIT ?"
+)
 
 # The claim is one statement, so two claimers can never both see the same run as queued: the
 # subquery and the update run under the write lock that BEGIN IMMEDIATE took. idx_runs_status
@@ -813,6 +824,28 @@ def op_get_job(job_id: str, conn: sqlite3.Connection) -> Job | None:
 def op_list_jobs(run_id: str, conn: sqlite3.Connection) -> list[Job]:
     rows = _leniently(conn, lambda: conn.execute(SELECT_JOBS_OF_RUN, (run_id,)).fetchall())
     return _codec.decode_jobs(rows)
+
+
+def op_job_page(
+    run_id: str, after: int | None, limit: int, conn: sqlite3.Connection
+) -> tuple[list[Job], int | None]:
+    """Up to ``limit`` jobs of a run after rowid ``after`` (None: from the first), and the rowid
+    to continue after (``after`` itself when the page is empty).
+
+    One statement in autocommit mode, fetched whole: its own read snapshot, and nothing (no
+    cursor, no transaction) left open between pages.
+    """
+    if after is None:
+        rows = _leniently(
+            conn, lambda: conn.execute(SELECT_FIRST_JOB_PAGE, (run_id, limit)).fetchall()
+        )
+    else:
+        rows = _leniently(
+            conn, lambda: conn.execute(SELECT_NEXT_JOB_PAGE, (run_id, after, limit)).fetchall()
+        )
+    if not rows:
+        return [], after
+    return _codec.decode_keyed_jobs(rows), rows[-1][0]
 
 
 def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:

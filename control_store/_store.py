@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import uuid
-from collections.abc import Generator, Iterable
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator
 from functools import partial
 from types import TracebackType
 from typing import Any, Self
@@ -34,6 +34,52 @@ _INT64_MAX = 2**63 - 1
 # Calls touching at most this many rows are "small": an in-memory store may run them inline on
 # the event loop's thread (about 1 ms at most), where bigger ones go to the worker thread.
 _SMALL_BATCH = 256
+
+
+# iter_jobs' page sizes: at least one job; at most a page whose decoded jobs stay a few tens of
+# MB even with large outputs, which is what bounding the walk's memory is for.
+_MAX_PAGE_SIZE = 100_000
+
+
+class _JobWalk:
+    """The iterator iter_jobs returns: a run's jobs, one page (one read) at a time.
+
+    A plain async iterator, not an async generator: between pages it holds only the current
+    page and the rowid to continue after, so a loop that breaks early or a task cancelled
+    mid-walk leaves nothing to finalise, and nothing open in the database.
+    """
+
+    __slots__ = ("_after", "_finished", "_jobs", "_key", "_page_size", "_store")
+
+    def __init__(self, store: Store, key: str, page_size: int) -> None:
+        self._store = store
+        self._key = key
+        self._page_size = page_size
+        self._after: int | None = None  # the last rowid read; None: start from the first
+        self._jobs: Iterator[Job] = iter(())
+        self._finished = False
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Job:
+        job = next(self._jobs, None)
+        if job is not None:
+            return job
+        while not self._finished:
+            backend = self._store._open()
+            op = partial(_sqlite.op_job_page, self._key, self._after, self._page_size)
+            # The state moves only once the page is in hand: a read that fails or is cancelled
+            # leaves the walk where it was, and iterating again reads the same page again.
+            jobs, after = await backend.read(op, small=self._page_size <= _SMALL_BATCH)
+            self._after = after
+            # A short page is the last one: every later job has a larger rowid than any read.
+            self._finished = len(jobs) < self._page_size
+            self._jobs = iter(jobs)
+            job = next(self._jobs, None)
+            if job is not None:
+                return job
+        raise StopAsyncIteration
 
 
 class _Connecting:
@@ -184,6 +230,40 @@ class Store:
         backend = self._open()
         key = _id(run_id, what="run_id")
         return await backend.read(lambda conn: _sqlite.op_list_jobs(key, conn))
+
+    def iter_jobs(self, run_id: uuid.UUID, *, page_size: int = 1000) -> AsyncIterator[Job]:
+        """The jobs of a run, as ``list_jobs`` orders them, read ``page_size`` at a time.
+
+        ``async for job in store.iter_jobs(run_id): ...`` walks a run of any size in memory
+        bounded by ``page_size``. The order is list_jobs' order, insertion order (SQLite's
+        rowid), and a walk resumes each page after the last rowid of the page before (keyset
+        pagination): each page is one read, one thread hop, of at most ``page_size`` rows,
+        decoded as list_jobs decodes them. An unknown run, like a run with no jobs, yields
+        nothing (as list_jobs returns []).
+
+        Each page is its own snapshot, not the whole walk: a walk concurrent with writers
+        yields every job that existed when it began exactly once, in the state it had when
+        its page was read; a job inserted during the walk is yielded at most once. Counting
+        over a walk while outcomes are being recorded can thus mix moments.
+
+        Nothing is held open between pages, so breaking out of the loop or cancelling the task
+        mid-walk needs no cleanup. A row this version cannot read raises the CorruptRowError
+        naming it when the walk reaches its page; an error leaves the walk where it was.
+        ``page_size`` is checked here, when the walk is created (``InvalidInputError``). A
+        walk is for one task: tasks sharing one may read the same page twice; start one each.
+        """
+        self._open()
+        key = _id(run_id, what="run_id")
+        if (
+            not isinstance(page_size, int)
+            or isinstance(page_size, bool)
+            or not 1 <= page_size <= _MAX_PAGE_SIZE
+        ):
+            raise InvalidInputError(
+                f"page_size must be an int from 1 to {_MAX_PAGE_SIZE}, got {page_size!r}; "
+                "pages of a few hundred to a few thousand jobs amortise each read's thread hop"
+            )
+        return _JobWalk(self, key, page_size)
 
     async def claim_next_run(self) -> Run | None:
         """Atomically move the oldest queued run to running and return it; None if none.

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import os
 import shutil
 import sys
@@ -31,7 +30,7 @@ import msgspec
 from . import _sqlite
 from ._store import Store, connect_any_version
 from .errors import ControlError, DatabaseBusyError, NotFoundError, PendingMigrationError
-from .models import Job, JobStatus, Run, RunStatus
+from .models import JobOutcome, JobStatus, Run, RunStatus
 
 if TYPE_CHECKING:  # the demo's module is imported only when the demo runs
     from ._demo import Check, DemoConfig, Snapshot
@@ -301,16 +300,109 @@ class _Scores:
     max_score: float | None
 
 
-def _scores(jobs: Sequence[Job]) -> _Scores:
-    outcomes = [job.outcome for job in jobs if job.outcome is not None]
-    scores = [o.score for o in outcomes if o.score is not None]
-    return _Scores(
-        done=len(outcomes),
-        scored=len(scores),
-        errors=sum(1 for o in outcomes if o.error is not None),
-        mean_score=math.fsum(scores) / len(scores) if scores else None,
-        min_score=min(scores, default=None),
-        max_score=max(scores, default=None),
+# Every float is an integer multiple of 2**-1074 (the smallest subnormal), so scaled by 2**1074
+# a sum of floats is an exact Python int, kept in O(1) memory however many jobs stream by.
+_EXACT_SCALE_BITS: Final = 1074
+
+
+class _Tally:
+    """One model's outcomes (or all of them), summed as jobs stream by, in O(1) memory.
+
+    Gives what ``_Scores`` of the whole list gave, bit for bit: the mean is the exact sum,
+    rounded once, divided by the count, as ``math.fsum(scores) / len(scores)`` is (fsum is
+    correctly rounded, and so is int / int); min and max keep the first of equal values, as
+    the builtins do (which decides the sign shown for a 0.0 beside a -0.0).
+    """
+
+    __slots__ = ("done", "errors", "max", "min", "scored", "sum")
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.scored = 0
+        self.errors = 0
+        self.sum = 0  # the exact sum of the scores, times 2**_EXACT_SCALE_BITS
+        self.min: float | None = None
+        self.max: float | None = None
+
+    def add(self, outcome: JobOutcome) -> None:
+        self.done += 1
+        if outcome.error is not None:
+            self.errors += 1
+        score = outcome.score
+        if score is not None:
+            self.scored += 1
+            numerator, denominator = score.as_integer_ratio()  # denominator: a power of two
+            self.sum += numerator << (_EXACT_SCALE_BITS + 1 - denominator.bit_length())
+            if self.min is None or score < self.min:
+                self.min = score
+            if self.max is None or score > self.max:
+                self.max = score
+
+    def scores(self) -> _Scores:
+        mean = None
+        if self.scored:
+            # int / int rounds once, correctly, as fsum does; both raise OverflowError for a
+            # sum beyond the largest float.
+            mean = (self.sum / (1 << _EXACT_SCALE_BITS)) / self.scored
+        return _Scores(self.done, self.scored, self.errors, mean, self.min, self.max)
+
+
+# show tallies error messages in memory; a run whose every job failed with its own message (a
+# job id in the text, say) would otherwise hold one entry per job. The first distinct messages
+# are counted, up to these limits; errors with any later new message are only counted in all.
+MAX_DISTINCT_ERRORS: Final = 10_000
+MAX_ERROR_CHARS: Final = 4_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Summary:
+    """What show reports about a run's jobs."""
+
+    counts: dict[str, int]
+    overall: _Scores
+    per_model: dict[str, _Scores]
+    errors: Counter[str]
+    untallied_errors: int  # errors whose message came after the limits above were reached
+
+
+# Jobs per read when show walks a run: a few ms of decoding per page on the store's thread.
+SHOW_PAGE_SIZE: Final = 1000
+
+
+async def _summarise(store: Store, run: Run) -> _Summary:
+    """Count and summarise the run's jobs page by page, in memory bounded by the number of
+    models and by the error limits above, not by the number of jobs."""
+    by_status = dict.fromkeys([status.value for status in JobStatus], 0)
+    overall = _Tally()
+    # The run's models first, in its order, then any other model as its first job comes.
+    per_model = {model: _Tally() for model in run.models}
+    errors: Counter[str] = Counter()
+    error_chars = untallied = 0
+    async for job in store.iter_jobs(run.id, page_size=SHOW_PAGE_SIZE):
+        by_status[job.status.value] += 1
+        tally = per_model.get(job.spec.model)
+        if tally is None:
+            tally = per_model[job.spec.model] = _Tally()
+        outcome = job.outcome
+        if outcome is None:
+            continue
+        overall.add(outcome)
+        tally.add(outcome)
+        error = outcome.error
+        if error:
+            if error in errors:
+                errors[error] += 1
+            elif len(errors) < MAX_DISTINCT_ERRORS and error_chars + len(error) <= MAX_ERROR_CHARS:
+                errors[error] = 1
+                error_chars += len(error)
+            else:
+                untallied += 1
+    return _Summary(
+        by_status,
+        overall.scores(),
+        {model: tally.scores() for model, tally in per_model.items()},
+        errors,
+        untallied,
     )
 
 
@@ -322,29 +414,20 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
             raise NotFoundError(
                 f"no run {args.run_id} in {_shown(args)}; list the runs with '{PROG} runs'"
             )
-        jobs = await store.list_jobs(run.id)
-    by_status = Counter(job.status.value for job in jobs)
-    counts = {status.value: by_status.get(status.value, 0) for status in JobStatus}
-    overall = _scores(jobs)
-    per_model = {
-        model: _scores([job for job in jobs if job.spec.model == model])
-        for model in dict.fromkeys([*run.models, *(job.spec.model for job in jobs)])
-    }
-    errors = Counter(
-        job.outcome.error for job in jobs if job.outcome is not None and job.outcome.error
-    )
+        summary = await _summarise(store, run)
+    counts, overall, per_model = summary.counts, summary.overall, summary.per_model
+    errors, untallied = summary.errors, summary.untallied_errors
     if args.json:
-        out.print(
-            _json(
-                {
-                    "run": run,
-                    "jobs": counts,
-                    "outcomes": asdict(overall),
-                    "models": {model: asdict(s) for model, s in per_model.items()},
-                    "errors": [{"error": e, "count": n} for e, n in errors.most_common()],
-                }
-            )
-        )
+        shown: dict[str, object] = {
+            "run": run,
+            "jobs": counts,
+            "outcomes": asdict(overall),
+            "models": {model: asdict(s) for model, s in per_model.items()},
+            "errors": [{"error": e, "count": n} for e, n in errors.most_common()],
+        }
+        if untallied:  # only past the limits: otherwise the output is what it always was
+            shown["errors_not_tallied"] = untallied
+        out.print(_json(shown))
         return EXIT_OK
     now = datetime.now(UTC)
     created = run.created_at.strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -372,11 +455,17 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
             for model, s in per_model.items()
         ]
         _table(out, ["MODEL", "DONE", "SCORED", "MEAN", "ERRORS"], rows)
-    if errors:
+    if errors or untallied:
         out.print()
         out.print("most common errors:")
         for error, n in errors.most_common(5):
             out.print(f"  {n:>6,}  {_clip(error.replace(chr(10), ' '), out.width - 10)}")
+        if untallied:
+            out.print(
+                f"  {untallied:>6,}  more, not tallied by message: only the first "
+                f"{MAX_DISTINCT_ERRORS:,} distinct messages ({MAX_ERROR_CHARS:,} characters) "
+                "are counted"
+            )
     return EXIT_OK
 
 
