@@ -1128,7 +1128,7 @@ class SqliteBackend:
     async def _open_read_only(cls, path: str, database: str, options: Options) -> SqliteBackend:
         """Open an existing file with SQLite's ``mode=ro``: no journal switch, no migration.
 
-        The schema must be exactly at this library's newest migration (see check_schema_op):
+        The schema must be exactly at this library's newest migration (see check_schema):
         a read-only store cannot bring it up to date, and must not misread another version.
         """
         if path == MEMORY:

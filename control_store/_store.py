@@ -141,7 +141,8 @@ class Store:
         ``ReadOnlyStoreError`` before touching the database. The schema must be exactly at
         this library's newest migration: an older one is a ``PendingMigrationError``, a newer
         one an ``UnknownMigrationError``. A database in WAL mode (every store's) can be read
-        only where SQLite finds or may create its -wal and -shm files; see docs/read-only.md.
+        only where SQLite finds or may create its -wal and -shm files (README, "Read-only
+        stores").
         """
         return _Connecting(url, options)
 
