@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -365,6 +366,42 @@ class Bench:
             units = [JobOutcome(job.id, score=1.0) for job in jobs]
         return Side(units, chunk, self.closer(conn))
 
+    # --- a lone task on runs of many jobs: one unit is one run, its jobs are the items ---
+
+    def run_batches(self, n: int) -> tuple[list[Run], list[Job], dict[Any, list[JobOutcome]]]:
+        runs = make_runs(max(1, n // RUN_JOBS), job_count=RUN_JOBS)
+        jobs = [job for run in runs for job in make_jobs(run, RUN_JOBS)]
+        outcomes: dict[Any, list[JobOutcome]] = {run.id: [] for run in runs}
+        for job in jobs:
+            outcomes[job.run_id].append(JobOutcome(job.id, score=1.0))
+        return runs, jobs, outcomes
+
+    async def lib_claim_record_runs(self, s: Setting, n: int) -> Side:
+        """Peer workload, as a lone scheduler meets it: claim a run, record its jobs' outcomes
+        in one call; the items are the jobs (two commits per RUN_JOBS items)."""
+        runs, jobs, outcomes = self.run_batches(n)
+        store = await self.store(s, runs, jobs)
+
+        async def chunk(units: list[Any]) -> None:
+            for _ in units:
+                run = await store.claim_next_run()
+                assert run is not None
+                assert all(await store.record_job_outcomes(run.id, outcomes[run.id]))
+
+        return Side(list(range(len(runs))), chunk, store.close, RUN_JOBS)
+
+    async def raw_claim_record_runs(self, s: Setting, n: int) -> Side:
+        runs, jobs, outcomes = self.run_batches(n)
+        conn = self.raw(s, runs, jobs)
+
+        async def chunk(units: list[Any]) -> None:
+            for _ in units:
+                (row,) = raw_tx(conn, lambda: conn.execute(RAW_CLAIM_NEXT_RUN).fetchall())
+                run_id = row[0]
+                assert raw_record_many(conn, run_id, outcomes[uuid.UUID(run_id)]) == RUN_JOBS
+
+        return Side(list(range(len(runs))), chunk, self.closer(conn), RUN_JOBS)
+
     # --- concurrent records: `tasks` tasks share each chunk ---
 
     async def lib_concurrent(self, s: Setting, n: int, tasks: int) -> Side:
@@ -494,6 +531,11 @@ PEER_MODES = {
     "litequeue": "a LiteQueue per thread on one file, busy timeout 60 s",
 }
 CONTROL_STORE_MODE = "64 asyncio tasks share one Store"
+# The lone scheduler's own shape of the peer workload: its items are the jobs of runs of
+# RUN_JOBS jobs, each run claimed with claim_next_run and its outcomes recorded in one
+# record_job_outcomes call. Every claim and every record is still durable when it returns.
+RUN_JOBS = 64
+BATCHED_CLAIM_RECORD = f"claim+record x1, runs of {RUN_JOBS}"
 
 Peer = Callable[[int], float]  # workers -> seconds for n dequeue+ack, every item acked once
 
@@ -854,6 +896,15 @@ async def _run_rounds(args: argparse.Namespace, dbs: Databases, bench: Bench) ->
                         bench.raw_record_side(s, n),
                         128 if tasks > 1 else 25,
                     )
+                await pair(
+                    s.name,
+                    BATCHED_CLAIM_RECORD,
+                    "raw, same 2 commits",
+                    None,
+                    bench.lib_claim_record_runs(s, n * 4),
+                    bench.raw_claim_record_runs(s, n * 4),
+                    4,
+                )
     return {"rows": list(rows.values())}
 
 
@@ -965,6 +1016,7 @@ def main() -> None:
             for r in rows
         ],
         "claim_record_per_s": {str(k): round(v) for k, v in claim_record(rows).items()},
+        "claim_record_runs_per_s": _rounded(claim_record_runs(rows)),
         "peers_dequeue_ack_per_s": {
             name: {str(w): _rounded(result.median(w)) for w in PEER_WORKERS}
             for name, result in peers.items()
@@ -987,6 +1039,14 @@ def claim_record(rows: list[Row]) -> dict[int, float]:
     ours = {r.workload: statistics.median(r.lib) for r in rows if r.setting == "WAL FULL"}
     found = {tasks: ours.get(f"claim+record x{tasks} tasks") for tasks in PEER_WORKERS}
     return {tasks: rate for tasks, rate in found.items() if rate is not None}  # all but --only
+
+
+def claim_record_runs(rows: list[Row]) -> float | None:
+    """control_store's items/s at WAL FULL for a lone task on runs of RUN_JOBS jobs."""
+    for r in rows:
+        if r.setting == "WAL FULL" and r.workload == BATCHED_CLAIM_RECORD:
+            return statistics.median(r.lib)
+    return None
 
 
 def _rounded(rate: float | None) -> int | None:
@@ -1030,6 +1090,12 @@ def report(
             f"| {'control_store':<20} | {ours[1]:>9,.0f} | {ours[64]:>10,.0f} "
             f"| {CONTROL_STORE_MODE:<58} |",
         ]
+        batched = claim_record_runs(rows)
+        if batched is not None:
+            lines.append(
+                f"| {f'  runs of {RUN_JOBS} jobs':<20} | {batched:>9,.0f} | {'':>10} "
+                f"| {'1 worker: claim_next_run + record_job_outcomes per run':<58} |"
+            )
         failures = []
         for name, result in peers.items():
             cells = []
