@@ -276,6 +276,31 @@ class Bench:
 
         return Side(list(range(n)), chunk, _done)
 
+    def fsync_sides(self, n: int) -> tuple[Side, Side]:
+        """A 4 KiB write and fsync, as a commit at FULL does: on aiosqlite's thread (one hop,
+        the store's way) and on this thread (raw sqlite3's way). Their difference is what a
+        hop costs around a wait on the disk, beside the no-op hop's cost around nothing."""
+        conn = self.noop_conn
+        fd = os.open(self.dbs.root / f"fsync-{n}", os.O_RDWR | os.O_CREAT, 0o600)
+        block = b"\0" * 4096
+
+        def sync() -> None:
+            os.pwrite(fd, block, 0)
+            os.fsync(fd)
+
+        async def hop(units: list[Any]) -> None:
+            for _ in units:
+                await conn._execute(sync)  # type: ignore[no-untyped-call]
+
+        async def direct(units: list[Any]) -> None:
+            for _ in units:
+                sync()
+
+        async def close() -> None:
+            os.close(fd)
+
+        return Side(list(range(n)), hop, _done), Side(list(range(n)), direct, close)
+
     async def store(self, s: Setting, runs: list[Run], jobs: list[Job]) -> Store:
         store = await self.dbs.store(s)
         try:
@@ -896,6 +921,16 @@ async def _run_rounds(args: argparse.Namespace, dbs: Databases, bench: Bench) ->
                         bench.raw_record_side(s, n),
                         128 if tasks > 1 else 25,
                     )
+                hop, direct = bench.fsync_sides(n)
+                await pair(
+                    s.name,
+                    "fsync 4 KiB, hop to thread",
+                    "fsync on this thread",
+                    None,
+                    _ready(hop),
+                    _ready(direct),
+                    50,
+                )
                 await pair(
                     s.name,
                     BATCHED_CLAIM_RECORD,
