@@ -73,11 +73,14 @@ def packaging(session: nox.Session) -> None:
     if "control_store/py.typed" not in names:
         session.error(f"{wheel.name} does not carry py.typed")
     session.install(str(wheel), *TEST_DEPS)
+    # A reused venv already holds a wheel of the same version, which pip would keep.
+    session.install("--force-reinstall", "--no-deps", str(wheel))
     # Run from a directory without the source tree, so the installed wheel is what is tested.
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="control-store-wheel-test-"))
     shutil.copytree("tests", workdir / "tests")
     shutil.copy("pyproject.toml", workdir / "pyproject.toml")
     shutil.copy("README.md", workdir / "README.md")  # tests/test_readme.py runs its example
+    shutil.copytree("bench", workdir / "bench")  # tests/test_bench.py runs it, on the wheel
     session.chdir(workdir)
     session.run(
         "python",

@@ -1,0 +1,64 @@
+"""`nox -s bench` keeps working: its script, at a tiny scale, measures every workload it names."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).parent.parent / "bench" / "run.py"
+RUN_WAIT = 600.0  # seconds; only a bound on a hang, never an expectation of speed
+
+# Every workload the README's table shows, per setting; the peers (--peers) are not installed
+# in the test environment, and their loop is the same code with other libraries.
+_EVERY_SETTING = {
+    "insert_run",
+    "get_run",
+    "get_job",
+    "claim_next_run",
+    "record_job_outcome",
+    "record_job_outcome x8 tasks",
+    "record_job_outcome x64 tasks",
+    "claim_runs(64)",
+    "record_job_outcomes(64)",
+    "insert_jobs(2k)",
+}
+_WAL_FULL_ONLY = {
+    "claim+record x1 tasks",
+    "claim+record x64 tasks",
+    "fsync 4 KiB, hop to thread",
+    "claim+record x1, runs of 64",
+}
+
+
+def test_the_benchmark_runs_every_workload_and_writes_its_json(tmp_path: Path) -> None:
+    """A one-round run at 5% scale measures every workload, with RSS, and writes its JSON."""
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH),
+            *("--rounds", "1", "--scale", "0.05", "--insert-jobs", "2000"),
+            *("--rss-jobs", "20000", "--json", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=RUN_WAIT,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    seen: dict[str, set[str]] = {}
+    for row in result["rows"]:
+        seen.setdefault(row["setting"], set()).add(row["workload"])
+        assert row["lib_ops_per_s"] > 0
+        assert row["baseline_ops_per_s"] > 0
+        assert row["ratio"] > 0
+    assert seen["memory"] == _EVERY_SETTING
+    assert seen["WAL NORMAL"] == _EVERY_SETTING
+    assert seen["WAL FULL"] == _EVERY_SETTING | _WAL_FULL_ONLY
+    assert result["rss"]["jobs"] == 20_010  # the generated jobs, and 10 that warm it up
+    assert set(result["claim_record_per_s"]) == {"1", "64"}
+    assert result["claim_record_runs_per_s"] > 0
+    assert "| claim_runs(64)" in done.stdout  # the table printed for the README
