@@ -1051,18 +1051,6 @@ def op_record_outcomes(
     return results
 
 
-async def _connect(
-    target: str, database: str, options: Options, **kwargs: Any
-) -> aiosqlite.Connection:
-    """An aiosqlite connection in autocommit mode, its worker a daemon (see daemon_worker)."""
-    try:
-        connecting = aiosqlite.connect(target, isolation_level=None, **kwargs)
-        daemon_worker(connecting)
-        return await connecting
-    except sqlite3.Error as exc:
-        raise translate(exc, database=database, busy_timeout=options.busy_timeout) from exc
-
-
 # ---------------------------------------------------------------------------------------------
 # The backend: one connection, reads as single hops, writes through the group commit.
 
@@ -1089,8 +1077,8 @@ class SqliteBackend:
         # most of their cost. Set by open(); file databases always hop.
         self._inline = False
         self._closing = False
-        # Set by _open_read_only: write() refuses at once, and SQLite itself would too.
-        self.read_only = False
+        # write() refuses at once on a read-only store, and SQLite itself would too.
+        self.read_only = options.read_only
 
     @property
     def database(self) -> str:
@@ -1105,12 +1093,7 @@ class SqliteBackend:
             return await cls._open_read_only(path, database, options)
         # check_same_thread=False: an in-memory store runs small calls on the loop's thread
         # too, serialised with the worker thread by _Worker.lock.
-        conn = await _connect(path, database, options, check_same_thread=path != MEMORY)
-        try:
-            backend = cls(conn, database=database, options=options)
-        except BaseException:
-            await conn.close()
-            raise
+        backend = await cls._connect(path, database, options, check_same_thread=path != MEMORY)
         try:
             await backend.read(partial(configure, file=path != MEMORY, options=options))
             if path != MEMORY:
@@ -1125,6 +1108,24 @@ class SqliteBackend:
         return backend
 
     @classmethod
+    async def _connect(
+        cls, target: str, database: str, options: Options, **kwargs: Any
+    ) -> SqliteBackend:
+        """A backend on a new aiosqlite connection in autocommit mode, its worker a daemon
+        (see daemon_worker); the connection is closed again if the backend cannot be built."""
+        try:
+            connecting = aiosqlite.connect(target, isolation_level=None, **kwargs)
+            daemon_worker(connecting)
+            conn = await connecting
+        except sqlite3.Error as exc:
+            raise translate(exc, database=database, busy_timeout=options.busy_timeout) from exc
+        try:
+            return cls(conn, database=database, options=options)
+        except BaseException:
+            await conn.close()
+            raise
+
+    @classmethod
     async def _open_read_only(cls, path: str, database: str, options: Options) -> SqliteBackend:
         """Open an existing file with SQLite's ``mode=ro``: no journal switch, no migration.
 
@@ -1137,13 +1138,7 @@ class SqliteBackend:
                 "and a read-only store could never fill it; name an existing database file"
             )
         _require_file(path, database)
-        conn = await _connect(read_only_uri(path), database, options, uri=True)
-        try:
-            backend = cls(conn, database=database, options=options)
-        except BaseException:
-            await conn.close()
-            raise
-        backend.read_only = True
+        backend = await cls._connect(read_only_uri(path), database, options, uri=True)
         try:
             await backend.read(partial(configure_read_only, path=path, options=options))
         except BaseException:
