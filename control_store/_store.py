@@ -31,6 +31,13 @@ def _id(value: object, *, what: str) -> str:
 
 
 _INT64_MAX = 2**63 - 1
+
+
+def _int_from(value: object, low: int, high: int) -> bool:
+    """Whether ``value`` is an int (not a bool) from ``low`` to ``high``: a count argument."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 # Calls touching at most this many rows are "small": an in-memory store may run them inline on
 # the event loop's thread (about 1 ms at most), where bigger ones go to the worker thread.
 _SMALL_BATCH = 256
@@ -255,11 +262,7 @@ class Store:
         """
         self._open()
         key = _id(run_id, what="run_id")
-        if (
-            not isinstance(page_size, int)
-            or isinstance(page_size, bool)
-            or not 1 <= page_size <= _MAX_PAGE_SIZE
-        ):
+        if not _int_from(page_size, 1, _MAX_PAGE_SIZE):
             raise InvalidInputError(
                 f"page_size must be an int from 1 to {_MAX_PAGE_SIZE}, got {page_size!r}; "
                 "pages of a few hundred to a few thousand jobs amortise each read's thread hop"
@@ -295,7 +298,7 @@ class Store:
         two claimers' batches. Returns fewer than ``limit`` runs (or []) when fewer are queued.
         """
         backend = self._writable("claim_runs")
-        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= _INT64_MAX:
+        if not _int_from(limit, 1, _INT64_MAX):
             raise InvalidInputError(
                 f"limit must be an int from 1 to {_INT64_MAX}, got {limit!r}; "
                 "use claim_next_run() for a single run"
