@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -52,20 +54,8 @@ def test_a_process_that_never_closes_its_store_exits(tmp_path: Path, where: str)
     run_id = done.stdout.strip()
     assert run_id
     if where == "file":
-        check = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import sqlite3, sys; print(sqlite3.connect(sys.argv[1])"
-                ".execute('SELECT id FROM runs').fetchall())",
-                str(db),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=EXIT_WAIT,
-            check=True,
-        )
-        assert run_id in check.stdout
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            assert conn.execute("SELECT id FROM runs").fetchall() == [(run_id,)]
 
 
 @pytest.mark.parametrize("where", ["file", "memory"])
