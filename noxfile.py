@@ -43,6 +43,23 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *session.posargs)
 
 
+def _oldest(requirement: str) -> str:
+    """``name>=X`` as ``name==X``: a dependency at the lowest version pyproject.toml admits."""
+    name, sep, version = requirement.partition(">=")
+    if not sep or not version or any(c in version for c in ",;<>=!~ "):
+        raise ValueError(f"{requirement!r}: give each dependency as name>=version, a floor only")
+    return f"{name}=={version}"
+
+
+@nox.session(python=PYTHONS[0])
+def oldest(session: nox.Session) -> None:
+    """The test suite on the oldest Python and the oldest dependencies pyproject.toml admits,
+    so that a floor it declares is a floor that was tested."""
+    floors = [_oldest(r) for r in PYPROJECT["project"]["dependencies"]]
+    session.install("-e", ".", *TEST_DEPS, *floors)
+    session.run("pytest", *session.posargs)
+
+
 @nox.session
 def stress(session: nox.Session) -> None:
     """The multi-process, crash, cancellation and property tests at larger sizes."""

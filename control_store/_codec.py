@@ -45,6 +45,11 @@ _BATCH: Final = 8
 uuid_text: Final[Callable[[uuid.UUID], str]] = msgspec.to_builtins
 _UUID: Final = uuid.UUID
 
+# What a batch decoder's fast path raises on a row it cannot take, sending the batch row by row.
+# msgspec's DecodeError (and ValidationError, a DecodeError) is a ValueError from msgspec 0.21
+# on only: named for older ones.
+_REFUSED: Final = (TypeError, ValueError, KeyError, msgspec.DecodeError)
+
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 
@@ -416,7 +421,7 @@ class _Reader:
             raise self.corrupt(column, value, why)
         try:
             return _parse_timestamp(value)
-        except ValueError as exc:
+        except (ValueError, msgspec.DecodeError) as exc:
             raise self.corrupt(column, value, why) from exc
 
     def json(self, index: int, column: str, decode: Any) -> Any:
@@ -462,7 +467,7 @@ def decode_runs(rows: Sequence[Sequence[Any]]) -> list[Run]:
             created,
             done_counts,
         )
-    except (TypeError, ValueError, KeyError):
+    except _REFUSED:
         return [decode_run(row) for row in rows]
 
 
@@ -483,7 +488,7 @@ def decode_claimed(rows: Sequence[Sequence[Any]]) -> list[Run]:
         return _runs_of_columns(
             ids, manifests, models, epochs, job_counts, statuses, created, done_counts
         )
-    except (TypeError, ValueError, KeyError):
+    except _REFUSED:
         return [_decode_claimed_row(row) for row in rows]
 
 
@@ -597,7 +602,7 @@ def decode_jobs(rows: Sequence[Sequence[Any]]) -> list[Job]:
         return [decode_job(row) for row in rows]
     try:
         return _jobs_of_columns(list(zip(*rows, strict=True)))
-    except (TypeError, ValueError, KeyError):
+    except _REFUSED:
         return [decode_job(row) for row in rows]
 
 
@@ -610,7 +615,7 @@ def decode_keyed_jobs(rows: Sequence[Sequence[Any]]) -> list[Job]:
     if len(rows) >= _BATCH:
         try:
             return _jobs_of_columns(list(zip(*rows, strict=True))[1:])
-        except (TypeError, ValueError, KeyError):
+        except _REFUSED:
             pass
     return [decode_job(row[1:]) for row in rows]
 

@@ -6,6 +6,7 @@ import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import pytest
 
 from control_store import (
@@ -48,7 +49,9 @@ async def test_claim_runs_breaks_ties_in_insertion_order(store: Store) -> None:
 
 async def test_claim_runs_skips_running_and_done_runs(store: Store) -> None:
     """Only queued runs are claimed by a batch."""
-    await store.insert_run(make_run(created_at=BASE).__replace__(status=RunStatus.RUNNING))
+    await store.insert_run(
+        msgspec.structs.replace(make_run(created_at=BASE), status=RunStatus.RUNNING)
+    )
     queued = make_run(created_at=BASE + timedelta(seconds=1))
     await store.insert_run(queued)
     assert [r.id for r in await store.claim_runs(5)] == [queued.id]

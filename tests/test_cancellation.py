@@ -8,6 +8,7 @@ import sqlite3
 from collections.abc import Coroutine
 from typing import Any
 
+import msgspec
 import pytest
 
 from control_store import JobOutcome, JobStatus, Run, RunStatus, Store
@@ -80,7 +81,7 @@ async def test_cancelling_a_third_of_the_calls_in_flight_leaves_each_whole_or_ab
             if done:
                 assert stored is not None
             if stored is not None:  # whole: the run as inserted (perhaps claimed since)
-                assert stored.__replace__(status=RunStatus.QUEUED) == subject
+                assert msgspec.structs.replace(stored, status=RunStatus.QUEUED) == subject
         elif kind == "insert_jobs":
             count = len(await store.list_jobs(subject))
             assert count in (0, JOBS_PER_RUN)

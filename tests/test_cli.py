@@ -762,7 +762,7 @@ async def _recorded_fleet(store: Store) -> tuple[list[Run], demo.FleetResult]:
     """One run of three jobs recorded through the store, one of them delivered twice."""
     runs = await demo.submit(store, VERIFY_CONFIG)
     (run,) = runs
-    assert await store.claim_next_run() == run.__replace__(status=RunStatus.RUNNING)
+    assert await store.claim_next_run() == msgspec.structs.replace(run, status=RunStatus.RUNNING)
     jobs = await store.list_jobs(run.id)
     for job in jobs:
         assert await store.record_job_outcome(run.id, demo.pseudo_outcome(job, 1, 0.02))

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from control_store import DatabaseBusyError, JobOutcome, RunStatus, StorageError, Store
@@ -53,7 +54,9 @@ async def test_a_full_database_refuses_the_write_keeps_the_rest_and_accepts_the_
     )
     assert all(isinstance(result, StorageError) for result in results)
     assert await store.list_jobs(run.id) == [
-        before[0].__replace__(status="done", outcome=JobOutcome(before[0].id, score=1.0)),
+        msgspec.structs.replace(
+            before[0], status="done", outcome=JobOutcome(before[0].id, score=1.0)
+        ),
         *before[1:],
     ]
     await _execute(store, "PRAGMA max_page_count = 1073741823")  # the cause is gone

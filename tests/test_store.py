@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 
+import msgspec
 import pytest
 
 from control_store import (
@@ -108,8 +109,8 @@ async def test_claim_ties_break_in_insertion_order(store: Store) -> None:
 
 async def test_claim_skips_running_and_done_runs(store: Store) -> None:
     """Only queued runs are claimed."""
-    await store.insert_run(make_run().__replace__(status=RunStatus.RUNNING))
-    await store.insert_run(make_run().__replace__(status=RunStatus.DONE, done_count=3))
+    await store.insert_run(msgspec.structs.replace(make_run(), status=RunStatus.RUNNING))
+    await store.insert_run(msgspec.structs.replace(make_run(), status=RunStatus.DONE, done_count=3))
     queued = make_run()
     await store.insert_run(queued)
     claimed = await store.claim_next_run()
@@ -225,7 +226,7 @@ async def test_duplicate_run_id_is_refused(store: Store) -> None:
     run = make_run()
     await store.insert_run(run)
     with pytest.raises(AlreadyExistsError, match=str(run.id)):
-        await store.insert_run(make_run().__replace__(id=run.id))
+        await store.insert_run(msgspec.structs.replace(make_run(), id=run.id))
     assert await store.get_run(run.id) == run
 
 
