@@ -207,12 +207,42 @@ async def _scheduler(store: Store, config: DemoConfig, rng: random.Random, tally
         tally.add(RUNS_DONE)
 
 
+# Jobs a scheduler holds at once: it walks a run with iter_jobs a page at a time, so a run of a
+# million jobs costs it no more memory than one of a thousand.
+DISPATCH_PAGE = 1000
+
+
 async def _dispatch(
-    store: Store, run: Run, config: DemoConfig, rng: random.Random, tally: _Tally
+    store: Store,
+    run: Run,
+    config: DemoConfig,
+    rng: random.Random,
+    tally: _Tally,
+    *,
+    page_size: int = DISPATCH_PAGE,
 ) -> None:
-    """Hand a run's jobs to ``config.workers`` workers; a job whose worker died goes out again."""
-    jobs = await store.list_jobs(run.id)
-    todo = collections.deque((job, 1) for job in jobs if job.status is not JobStatus.DONE)
+    """Hand a run's jobs that are not done yet to workers, ``page_size`` jobs at a time."""
+    page: list[Job] = []
+    async for job in store.iter_jobs(run.id, page_size=page_size):
+        if job.status is not JobStatus.DONE:
+            page.append(job)
+        if len(page) == page_size:
+            await _dispatch_page(store, run, page, config, rng, tally)
+            page = []
+    if page:
+        await _dispatch_page(store, run, page, config, rng, tally)
+
+
+async def _dispatch_page(
+    store: Store,
+    run: Run,
+    jobs: list[Job],
+    config: DemoConfig,
+    rng: random.Random,
+    tally: _Tally,
+) -> None:
+    """Hand ``jobs`` to ``config.workers`` workers; a job whose worker died goes out again."""
+    todo = collections.deque((job, 1) for job in jobs)
     async with asyncio.TaskGroup() as group:
 
         def redispatch(job: Job, attempt: int) -> None:

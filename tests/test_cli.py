@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import io
 import json
+import multiprocessing
 import os
+import random
 import shutil
 import sqlite3
 import subprocess
@@ -748,6 +750,29 @@ def test_demo_exits_1_when_the_fleet_did_nothing(
         "control-store: error: demo invariant failed: every run claimed by exactly one "
         "scheduler; every run done with done_count == job count; every job recorded exactly once"
     ]
+
+
+async def test_a_scheduler_dispatches_a_run_a_page_at_a_time(store: Store) -> None:
+    """Ten jobs to do in pages of 3, the last page short: every job not yet done is recorded
+    once, the jobs done before are not dispatched again, and a job whose worker died goes out
+    again."""
+    config = demo.DemoConfig(
+        url="unused", runs=1, models=1, samples=12, epochs=1, latency_ms=0.0, death_rate=0.3
+    )
+    (run,) = await demo.submit(store, config)
+    jobs = await store.list_jobs(run.id)
+    for job in jobs[2:4]:  # recorded before this scheduler claims the run
+        assert await store.record_job_outcome(run.id, demo.pseudo_outcome(job, 1, 0.0))
+    tally = demo._Tally(multiprocessing.Array("q", demo.COUNTERS))
+
+    await demo._dispatch(store, run, config, random.Random(0), tally, page_size=3)
+
+    assert sorted(tally.first_deliveries) == sorted(str(j.id) for j in jobs[:2] + jobs[4:])
+    assert tally.counters[demo.REDISPATCHED] > 0  # the seed makes some workers die
+    stored = await store.get_run(run.id)
+    assert stored is not None
+    assert stored.done_count == stored.job_count == 12
+    assert await store.check() == []
 
 
 # The verifier itself must be able to fail: a fleet's report is built by hand here, over a
