@@ -270,6 +270,26 @@ def read_only_uri(path: str) -> str:
     return f"{Path(os.path.abspath(path)).as_uri()}?mode=ro"
 
 
+# The oldest SQLite this library runs on: 3.35.0 brought RETURNING, which every claim uses.
+MIN_SQLITE: Final = (3, 35, 0)
+
+
+def require_sqlite() -> None:
+    """Refuse, before anything is opened, an SQLite older than MIN_SQLITE.
+
+    sqlite3 uses whatever SQLite library Python was built against (the system's, on most Linux
+    distributions); an old one would otherwise fail at the first claim with a syntax error.
+    """
+    if sqlite3.sqlite_version_info < MIN_SQLITE:
+        need = ".".join(map(str, MIN_SQLITE))
+        raise ConfigurationError(
+            f"control_store needs SQLite {need} or newer (claims use RETURNING), but this "
+            f"Python's sqlite3 module uses SQLite {sqlite3.sqlite_version}; nothing was opened: "
+            "run on a Python built against a newer SQLite (python.org builds and current "
+            "Linux distributions have one)"
+        )
+
+
 def parse_url(url: str | os.PathLike[str]) -> str:
     """The SQLite file path (or ``:memory:``) that ``url`` names, as sqlx reads it.
 
@@ -1087,6 +1107,7 @@ class SqliteBackend:
 
     @classmethod
     async def open(cls, url: str | os.PathLike[str], options: Options) -> SqliteBackend:
+        require_sqlite()
         path = parse_url(url)
         database = "the in-memory database" if path == MEMORY else f"database {path!r}"
         if options.read_only:

@@ -71,7 +71,8 @@ class ReadOnlyStoreError(ControlError):
 
 
 class ConfigurationError(ControlError):
-    """The URL or an option given to ``Store.connect`` cannot be used."""
+    """The URL or an option given to ``Store.connect`` cannot be used, or this Python's SQLite
+    is too old for the store."""
 
 
 class InvalidInputError(ControlError, ValueError):

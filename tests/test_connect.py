@@ -79,6 +79,31 @@ async def test_missing_directory_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "nope").exists()
 
 
+@pytest.mark.parametrize("read_only", [False, True])
+async def test_an_sqlite_too_old_for_returning_is_refused_before_opening(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_only: bool
+) -> None:
+    """An SQLite before 3.35.0 (no RETURNING) is named, with the fix; no file is created or
+    changed, and the same SQLite one patch release newer is accepted."""
+    path = tmp_path / "control.db"
+    if read_only:
+        async with Store.connect(path):
+            pass
+    before = sorted((p.name, p.read_bytes()) for p in tmp_path.iterdir())
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 34, 1))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.34.1")
+    with pytest.raises(
+        ConfigurationError,
+        match=r"needs SQLite 3\.35\.0 or newer .* uses SQLite 3\.34\.1; nothing was opened: run "
+        "on a Python built against a newer SQLite",
+    ):
+        await Store.connect(path, read_only=read_only)
+    assert sorted((p.name, p.read_bytes()) for p in tmp_path.iterdir()) == before
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 35, 0))
+    async with Store.connect(path, read_only=read_only) as store:
+        assert await store.list_runs() == []
+
+
 async def test_a_directory_is_not_a_database(tmp_path: Path) -> None:
     """Pointing at a directory is refused."""
     with pytest.raises(ConfigurationError, match="is a directory"):
