@@ -1075,6 +1075,20 @@ def op_record_outcomes(
 # The backend: one connection, reads as single hops, writes through the group commit.
 
 
+class _Process:
+    """This process's id, kept current across fork() by a hook, so that each call can tell
+    whether it runs in the process that opened its store without a system call."""
+
+    pid = os.getpid()
+
+    @classmethod
+    def forked(cls) -> None:
+        cls.pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_Process.forked)
+
+
 class SqliteBackend:
     """One aiosqlite connection used as a one-writer pool."""
 
@@ -1099,6 +1113,8 @@ class SqliteBackend:
         self._closing = False
         # write() refuses at once on a read-only store, and SQLite itself would too.
         self.read_only = options.read_only
+        # A store belongs to the process that opened it: see refuse_forked.
+        self._pid = _Process.pid
 
     @property
     def database(self) -> str:
@@ -1170,7 +1186,10 @@ class SqliteBackend:
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
         # Collected without close(): stop the worker thread and say so, as asyncio does for an
         # unclosed event loop. _warn is bound at definition: at interpreter exit the warnings
-        # module may be gone before this runs.
+        # module may be gone before this runs. In a forked child there is no thread to stop,
+        # and the parent's store is not this process's to warn about.
+        if getattr(self, "_pid", None) != _Process.pid:
+            return
         if not getattr(self, "_closing", True):  # True too if __init__ failed before it
             self._closing = True
             stop_worker(self._conn)
@@ -1184,6 +1203,12 @@ class SqliteBackend:
     async def close(self) -> None:
         # Every write already accepted finishes (and commits) before the connection closes:
         # a caller handed to the group commit gets its result, not a closed connection.
+        if self._pid != _Process.pid:
+            # A forked child's copy: the connection and its thread are the parent's, which
+            # keeps using them. Closing here only forgets it (the thread is not in this process
+            # to take a close, which would wait forever).
+            self._closing = True
+            return
         self._closing = True  # calls that arrive from now on hop, and meet the closed connection
         await self._idle.wait()
         with contextlib.suppress(Exception):
@@ -1204,9 +1229,25 @@ class SqliteBackend:
         path: errors are translated on the worker thread (_Worker.run_read), so the future already
         carries the ControlError.
         """
+        self.refuse_forked()
         if small and self._inline:
             return self._read_inline(op)
         return self._hop_read(op)
+
+    def refuse_forked(self) -> None:
+        """Raise StoreClosedError in a process forked from the one that opened this store.
+
+        The child has the parent's SQLite connection but not its worker thread: a hop would
+        wait forever, and using an SQLite connection across fork() can corrupt the database.
+        The hook behind _Process keeps the check to an attribute comparison.
+        """
+        if self._pid != _Process.pid:
+            raise StoreClosedError(
+                f"this store on {self._database} was opened by process {self._pid}, and "
+                f"process {_Process.pid} is a fork of it: the store's connection thread does "
+                "not exist here, and an SQLite connection must not be used across fork(); "
+                f"nothing was done: connect a new Store in process {_Process.pid}"
+            )
 
     def _hop_read(self, op: Op[T]) -> asyncio.Future[T]:
         try:
@@ -1241,6 +1282,7 @@ class SqliteBackend:
         ``small``: as for read(); inline, the call is its own transaction (in memory a commit
         costs no fsync, so grouping would buy nothing).
         """
+        self.refuse_forked()
         if self.read_only:  # Store names the method first; this guards any other caller
             raise ReadOnlyStoreError(
                 f"{self._database} was opened with read_only=True and refuses writes; "

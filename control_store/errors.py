@@ -6,7 +6,7 @@ it is chained as ``__cause__`` of the error that explains it. Each message says 
 to what (the id, the column, the value), and what to do::
 
     ControlError
-    ├── StoreClosedError          a call on a store after close()
+    ├── StoreClosedError          a call on a store after close() or in a forked child
     ├── ReadOnlyStoreError        a write called on a store opened with read_only=True
     ├── ConfigurationError        bad URL or option, missing directory (or file), not a database
     ├── InvalidInputError         a value the store cannot keep (naive datetime, epochs < 1, ...)
@@ -59,7 +59,8 @@ class ControlError(Exception):
 
 
 class StoreClosedError(ControlError):
-    """A call was made on a store that has been closed."""
+    """A call was made on a store that has been closed, or in a process forked from the one
+    that opened it (connect a new store there)."""
 
 
 class ReadOnlyStoreError(ControlError):

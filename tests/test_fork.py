@@ -1,0 +1,106 @@
+"""A store belongs to the process that opened it: a forked child is refused, and can connect.
+
+A child made by os.fork() (multiprocessing's default start method on Linux before 3.14) gets
+a copy of the parent's Store, with its SQLite connection but without the connection's worker
+thread. Before the refusal, the child's first call waited forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import warnings
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from control_store import Store, StoreClosedError
+from control_store.models import Run
+
+from conftest import make_jobs, make_run
+
+# Each of the child's calls is given this long: a call that hangs fails the test, not CI.
+CALL_TIMEOUT = 10.0
+
+
+async def _first_job(store: Store, run: Run) -> object:
+    async for job in store.iter_jobs(run.id):
+        return job
+    return None
+
+
+async def _child(store: Store, run: Run, path: Path | None) -> dict[str, Any]:
+    """In the forked child: every kind of call on the inherited store, then a store of its own."""
+    refused: dict[str, str] = {}
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "get_run": lambda: store.get_run(run.id),
+        "list_runs": lambda: store.list_runs(),
+        "insert_run": lambda: store.insert_run(make_run()),
+        "claim_next_run": lambda: store.claim_next_run(),
+        "insert_jobs": lambda: store.insert_jobs(make_jobs(run, 2)),
+        "iter_jobs": lambda: _first_job(store, run),
+    }
+    for name, call in calls.items():
+        try:
+            await asyncio.wait_for(call(), CALL_TIMEOUT)
+        except StoreClosedError as exc:
+            refused[name] = str(exc)
+    await asyncio.wait_for(store.close(), CALL_TIMEOUT)  # forgets the copy, promptly
+    own = None
+    if path is not None:
+        async with Store.connect(path) as mine:
+            found = await asyncio.wait_for(mine.get_run(run.id), CALL_TIMEOUT)
+            own = found == run
+    return {"refused": refused, "calls": list(calls), "own_store_reads_run": own}
+
+
+def _fork_and_run(store: Store, run: Run, path: Path | None) -> dict[str, Any]:
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns that forking a process with threads may deadlock the child: the
+        # very situation under test.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        status = 1
+        try:
+            os.close(read_end)
+            found = asyncio.run(_child(store, run, path))
+            os.write(write_end, json.dumps(found).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        out = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, out
+    report: dict[str, Any] = json.loads(out)
+    return report
+
+
+@pytest.mark.parametrize("where", ["memory", "file"])
+async def test_a_forked_child_is_refused_and_connects_its_own(tmp_path: Path, where: str) -> None:
+    """Every call on the inherited store is a StoreClosedError naming both processes and the
+    fix; close() returns; a Store the child connects itself works; the parent carries on."""
+    path = tmp_path / "control.db" if where == "file" else None
+    async with Store.connect(path or ":memory:") as store:
+        run = make_run()
+        await store.insert_run(run)
+
+        report = _fork_and_run(store, run, path)
+
+        assert sorted(report["refused"]) == sorted(report["calls"])
+        parent = os.getpid()
+        for message in report["refused"].values():
+            assert f"was opened by process {parent}, and process " in message
+            assert "nothing was done: connect a new Store in process" in message
+        assert report["own_store_reads_run"] is (True if path is not None else None)
+        # The parent's store is untouched by the child and goes on working.
+        assert await store.list_runs() == [run]
+        await store.insert_jobs(make_jobs(run, 3))
+        assert len(await store.list_jobs(run.id)) == 3
+        assert await store.check() == []
