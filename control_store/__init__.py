@@ -24,6 +24,7 @@ from .errors import (
     StorageError,
     StoreClosedError,
     UnknownMigrationError,
+    WrongEventLoopError,
     WrongRunError,
 )
 from .models import EvalJob, Job, JobId, JobOutcome, JobStatus, Problem, Run, RunId, RunStatus
@@ -57,5 +58,6 @@ __all__ = [
     "Store",
     "StoreClosedError",
     "UnknownMigrationError",
+    "WrongEventLoopError",
     "WrongRunError",
 ]

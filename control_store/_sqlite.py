@@ -48,6 +48,7 @@ from .errors import (
     ReadOnlyStoreError,
     StorageError,
     StoreClosedError,
+    WrongEventLoopError,
     WrongRunError,
 )
 from .models import Job, Problem, Run, utc_now
@@ -1113,8 +1114,9 @@ class SqliteBackend:
         self._closing = False
         # write() refuses at once on a read-only store, and SQLite itself would too.
         self.read_only = options.read_only
-        # A store belongs to the process that opened it: see refuse_forked.
+        # A store belongs to the process and the event loop that opened it: see refuse_foreign.
         self._pid = _Process.pid
+        self._loop = asyncio.get_running_loop()
 
     @property
     def database(self) -> str:
@@ -1209,6 +1211,7 @@ class SqliteBackend:
             # to take a close, which would wait forever).
             self._closing = True
             return
+        self.refuse_foreign()
         self._closing = True  # calls that arrive from now on hop, and meet the closed connection
         await self._idle.wait()
         with contextlib.suppress(Exception):
@@ -1229,17 +1232,23 @@ class SqliteBackend:
         path: errors are translated on the worker thread (_Worker.run_read), so the future already
         carries the ControlError.
         """
-        self.refuse_forked()
+        self.refuse_foreign()
         if small and self._inline:
             return self._read_inline(op)
         return self._hop_read(op)
 
-    def refuse_forked(self) -> None:
-        """Raise StoreClosedError in a process forked from the one that opened this store.
+    def refuse_foreign(self) -> None:
+        """Refuse a call from another process or event loop than the ones that opened the store.
 
-        The child has the parent's SQLite connection but not its worker thread: a hop would
-        wait forever, and using an SQLite connection across fork() can corrupt the database.
-        The hook behind _Process keeps the check to an attribute comparison.
+        In a process forked from the opener (StoreClosedError), the SQLite connection is the
+        parent's and its worker thread does not exist: a hop would wait forever, and using an
+        SQLite connection across fork() can corrupt the database. The hook behind _Process
+        keeps that check to an attribute comparison.
+
+        From another event loop (WrongEventLoopError), the group commit's state and tasks are
+        the opening loop's, and are not thread-safe: a second loop's calls could wait forever,
+        and once a loop that had a call in flight closed, aiosqlite's thread died completing
+        it, and every later call waited forever (measured).
         """
         if self._pid != _Process.pid:
             raise StoreClosedError(
@@ -1247,6 +1256,14 @@ class SqliteBackend:
                 f"process {_Process.pid} is a fork of it: the store's connection thread does "
                 "not exist here, and an SQLite connection must not be used across fork(); "
                 f"nothing was done: connect a new Store in process {_Process.pid}"
+            )
+        if asyncio.get_running_loop() is not self._loop:
+            raise WrongEventLoopError(
+                f"this store on {self._database} was opened on another event loop than the "
+                "one calling it (a store serves the loop that opened it); nothing was done: "
+                "connect a Store in each event loop (each thread or asyncio.run that uses "
+                "one), or run the call on the store's own loop with "
+                "asyncio.run_coroutine_threadsafe"
             )
 
     def _hop_read(self, op: Op[T]) -> asyncio.Future[T]:
@@ -1282,7 +1299,7 @@ class SqliteBackend:
         ``small``: as for read(); inline, the call is its own transaction (in memory a commit
         costs no fsync, so grouping would buy nothing).
         """
-        self.refuse_forked()
+        self.refuse_foreign()
         if self.read_only:  # Store names the method first; this guards any other caller
             raise ReadOnlyStoreError(
                 f"{self._database} was opened with read_only=True and refuses writes; "

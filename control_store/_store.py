@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from . import _codec, _sqlite
-from .errors import InvalidInputError, ReadOnlyStoreError, StoreClosedError
+from .errors import InvalidInputError, ReadOnlyStoreError, StoreClosedError, WrongEventLoopError
 from .models import Job, JobOutcome, Problem, Run, RunStatus
 
 __all__ = ["MigrationState", "Store"]
@@ -180,10 +180,19 @@ class Store:
         return self._backend is None
 
     async def close(self) -> None:
-        """Finish the calls in flight, then close the connection. Idempotent."""
+        """Finish the calls in flight, then close the connection. Idempotent.
+
+        Only from the event loop that opened the store (else WrongEventLoopError, and the store
+        stays open); in a process forked from the opener, it only forgets the inherited copy.
+        """
         backend, self._backend = self._backend, None
         if backend is not None:
-            await backend.close()
+            try:
+                await backend.close()
+            except WrongEventLoopError:
+                # Refused before its first await, so before anything changed: still open.
+                self._backend = backend
+                raise
 
     def _open(self) -> _sqlite.SqliteBackend:
         if self._backend is None:

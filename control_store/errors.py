@@ -7,6 +7,7 @@ to what (the id, the column, the value), and what to do::
 
     ControlError
     ├── StoreClosedError          a call on a store after close() or in a forked child
+    ├── WrongEventLoopError       a call from an event loop other than the one that opened the store
     ├── ReadOnlyStoreError        a write called on a store opened with read_only=True
     ├── ConfigurationError        bad URL or option, missing directory (or file), not a database
     ├── InvalidInputError         a value the store cannot keep (naive datetime, epochs < 1, ...)
@@ -48,6 +49,7 @@ __all__ = [
     "StorageError",
     "StoreClosedError",
     "UnknownMigrationError",
+    "WrongEventLoopError",
     "WrongRunError",
 ]
 
@@ -61,6 +63,15 @@ class ControlError(Exception):
 class StoreClosedError(ControlError):
     """A call was made on a store that has been closed, or in a process forked from the one
     that opened it (connect a new store there)."""
+
+
+class WrongEventLoopError(ControlError, RuntimeError):
+    """A store was called from an event loop other than the one that opened it; nothing was done.
+
+    A store's calls, its group commit and the futures its thread completes belong to the loop
+    that opened it. Open a store in each event loop (each thread running asyncio), or submit
+    the call to the store's own loop with ``asyncio.run_coroutine_threadsafe``.
+    """
 
 
 class ReadOnlyStoreError(ControlError):

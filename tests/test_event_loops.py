@@ -1,0 +1,124 @@
+"""A store serves the event loop that opened it; calls from any other loop are refused.
+
+Before the refusal, a store shared by threads running their own loops left some of their calls
+waiting forever, and once one of those loops closed with a call in flight, aiosqlite's worker
+thread died completing it and every later call, on any loop, waited forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from control_store import Run, Store, WrongEventLoopError
+
+from conftest import make_jobs, make_run
+
+CALL_TIMEOUT = 10.0  # a call that hangs fails the test instead of CI
+
+
+async def _first_job(store: Store, run: Run) -> object:
+    async for job in store.iter_jobs(run.id):
+        return job
+    return None
+
+
+def _calls(store: Store, run: Run) -> dict[str, Callable[[], Awaitable[object]]]:
+    """One call of each kind: reads, writes (alone and grouped), a walk, and close."""
+    return {
+        "get_run": lambda: store.get_run(run.id),
+        "list_runs": lambda: store.list_runs(),
+        "insert_run": lambda: store.insert_run(make_run()),
+        "claim_next_run": lambda: store.claim_next_run(),
+        "insert_jobs": lambda: store.insert_jobs(make_jobs(run, 2)),
+        "concurrent inserts": lambda: asyncio.gather(
+            *(store.insert_run(make_run()) for _ in range(8))
+        ),
+        "iter_jobs": lambda: _first_job(store, run),
+        "close": lambda: store.close(),
+    }
+
+
+async def _refused(calls: dict[str, Callable[[], Awaitable[object]]]) -> dict[str, str]:
+    """What each call raised (by type name), each given CALL_TIMEOUT seconds."""
+    raised: dict[str, str] = {}
+    for name, call in calls.items():
+        try:
+            await asyncio.wait_for(call(), CALL_TIMEOUT)
+            raised[name] = "returned"
+        except Exception as exc:  # the test compares what was raised
+            raised[name] = type(exc).__name__
+    return raised
+
+
+@pytest.fixture(params=["memory", "file"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return ":memory:" if request.param == "memory" else str(tmp_path / "control.db")
+
+
+async def test_calls_from_another_threads_loop_are_refused_and_change_nothing(url: str) -> None:
+    """Every call from a thread's own event loop is a WrongEventLoopError; nothing is written,
+    and the store goes on serving its own loop, close() included."""
+    async with Store.connect(url) as store:
+        run = make_run()
+        await store.insert_run(run)
+        raised: dict[str, str] = {}
+        thread = threading.Thread(
+            target=lambda: raised.update(asyncio.run(_refused(_calls(store, run))))
+        )
+        thread.start()
+        await asyncio.to_thread(thread.join)
+
+        assert raised == dict.fromkeys(_calls(store, run), "WrongEventLoopError")
+        assert await store.list_runs() == [run]
+        assert await store.list_jobs(run.id) == []
+        # Writes, alone and grouped, still work here.
+        await asyncio.gather(*(store.insert_run(make_run()) for _ in range(8)))
+        assert len(await store.list_runs()) == 9
+        assert await store.check() == []
+
+
+async def test_another_thread_reaches_the_store_through_its_own_loop(url: str) -> None:
+    """The supported way from another thread: submit the call to the store's loop."""
+    async with Store.connect(url) as store:
+        run = make_run()
+        await store.insert_run(run)
+        loop = asyncio.get_running_loop()
+
+        def from_thread() -> Run | None:
+            return asyncio.run_coroutine_threadsafe(store.get_run(run.id), loop).result(
+                CALL_TIMEOUT
+            )
+
+        assert await asyncio.to_thread(from_thread) == run
+
+
+def test_a_store_is_refused_in_a_later_asyncio_run_and_closes_on_its_own_loop(url: str) -> None:
+    """A store kept past the loop run that opened it is refused in the next asyncio.run, with
+    the fix in the message, close() included; back on its own loop it works and closes."""
+    own = asyncio.new_event_loop()
+    try:
+
+        async def open_store() -> tuple[Store, Run]:
+            store = await Store.connect(url)
+            run = make_run()
+            await store.insert_run(run)
+            return store, run
+
+        store, run = own.run_until_complete(open_store())
+        with pytest.raises(
+            WrongEventLoopError,
+            match=r"opened on another event loop than the one calling it .*nothing was done: "
+            r"connect a Store in each event loop .*asyncio\.run_coroutine_threadsafe",
+        ):
+            asyncio.run(store.get_run(run.id))
+        raised = asyncio.run(_refused(_calls(store, run)))
+        assert raised == dict.fromkeys(_calls(store, run), "WrongEventLoopError")
+        assert own.run_until_complete(store.list_runs()) == [run]
+        own.run_until_complete(store.close())
+    finally:
+        own.close()
