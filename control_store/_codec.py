@@ -146,6 +146,30 @@ def _check_uuid(value: object, *, what: str) -> str:
 def _check_str(value: object, *, what: str) -> None:
     if not isinstance(value, str):
         raise InvalidInputError(f"{what} must be a str, got {value!r}")
+    if not value.isascii():  # O(1): CPython knows; only other text needs the full check
+        _check_utf8(value, what=what)
+
+
+def _check_utf8(value: str, *, what: str) -> None:
+    """Refuse text that UTF-8, and so SQLite and JSON, cannot hold: a lone surrogate."""
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(
+            f"{what} holds {value[exc.start]!r} at index {exc.start}, a lone surrogate that "
+            "UTF-8 cannot encode, so it cannot be stored (text decoded with "
+            "errors='surrogateescape' keeps undecodable bytes this way); decode the bytes with "
+            "errors='replace' or errors='backslashreplace' instead"
+        ) from None
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8; the fast paths' form of _check_utf8."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _json(value: object, *, what: str) -> str:
@@ -165,6 +189,7 @@ def run_params(run: Run) -> tuple[str, str, str, int, int, str, str, int]:
         if (
             type(run_id) is _UUID
             and type(run.manifest) is str
+            and (run.manifest.isascii() or _utf8(run.manifest))  # bound as is: see _check_utf8
             and type(models) is list
             and all(type(m) is str for m in models)
             and type(epochs) is int
@@ -178,16 +203,19 @@ def run_params(run: Run) -> tuple[str, str, str, int, int, str, str, int]:
             and type(created_at) is datetime
             and created_at.tzinfo is UTC
         ):
-            return (
-                uuid_text(run_id),
-                run.manifest,
-                _encode(models).decode(),
-                epochs,
-                job_count,
-                _RUN_STATUS[run.status].value,
-                created_at.isoformat(timespec="microseconds")[:-6] + "Z",
-                done_count,
-            )
+            try:
+                return (
+                    uuid_text(run_id),
+                    run.manifest,
+                    _encode(models).decode(),
+                    epochs,
+                    job_count,
+                    _RUN_STATUS[run.status].value,
+                    created_at.isoformat(timespec="microseconds")[:-6] + "Z",
+                    done_count,
+                )
+            except UnicodeEncodeError:  # a model name with a lone surrogate: explained below
+                pass
     return _checked_run_params(run)
 
 
@@ -199,6 +227,8 @@ def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, in
     _check_str(run.manifest, what=f"{where}: manifest")
     if not isinstance(run.models, list) or not all(isinstance(m, str) for m in run.models):
         raise InvalidInputError(f"{where}: models must be a list of str, got {run.models!r}")
+    for i, model in enumerate(run.models):
+        _check_str(model, what=f"{where}: models[{i}]")
     _check_int(run.epochs, what=f"{where}: epochs", minimum=1)
     _check_int(run.job_count, what=f"{where}: job_count", minimum=0)
     _check_int(run.done_count, what=f"{where}: done_count", minimum=0)
@@ -243,7 +273,10 @@ def outcome_params(outcome: JobOutcome) -> tuple[str, str]:
             and type(outcome.output) is str
             and (error is None or type(error) is str)
         ):
-            return (uuid_text(job_id), _encode(outcome).decode())
+            try:
+                return (uuid_text(job_id), _encode(outcome).decode())
+            except UnicodeEncodeError:  # a lone surrogate: _checked_outcome_json explains
+                pass
     payload = _checked_outcome_json(outcome)  # checks the type and the job id first
     return (str(outcome.job_id), payload)
 
@@ -312,16 +345,20 @@ def job_encoder() -> tuple[Callable[[Job], JobRow], Callable[[], JobRow | None]]
                 and type(attempt) is int
                 and 0 <= attempt <= _INT64_MAX
             ):
-                row: JobRow = (
-                    uuid_text(job_id),
-                    run_text,
-                    _encode(spec).decode(),
-                    "queued" if status is _QUEUED else _JOB_STATUS[status].value,
-                    attempt,
-                    None,
-                )
-                last = row
-                return row
+                try:
+                    row: JobRow = (
+                        uuid_text(job_id),
+                        run_text,
+                        _encode(spec).decode(),
+                        "queued" if status is _QUEUED else _JOB_STATUS[status].value,
+                        attempt,
+                        None,
+                    )
+                except UnicodeEncodeError:  # a lone surrogate: _checked_job_params explains
+                    pass
+                else:
+                    last = row
+                    return row
         last = row = _checked_job_params(job)
         return row
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, cast
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 from control_store import (
     CorruptRowError,
     EvalJob,
+    InvalidInputError,
     Job,
     JobId,
     JobOutcome,
@@ -40,6 +43,37 @@ def test_fast_and_checked_paths_encode_and_decode_alike() -> None:
     assert _codec.decode_job(job_row) == _codec._checked_job(job_row) == job
     outcome = JobOutcome(job.id, score=0.25, output="x", error="e")
     assert _codec.outcome_json(outcome) == _codec._checked_outcome_json(outcome)
+
+
+def _refusal(encode: Callable[[Any], object], value: object) -> str:
+    with pytest.raises(InvalidInputError) as caught:
+        encode(value)
+    return str(caught.value)
+
+
+def test_fast_and_checked_paths_refuse_a_lone_surrogate_alike() -> None:
+    """Every text field UTF-8 cannot encode is refused by the fast path with the checked path's
+    own message, wherever it is: bound as is (manifest) or inside JSON (the rest)."""
+    bad = "x\udc80"
+    run = Run("m", ["a"], 1, 1)
+    job = Job(run.id, EvalJob("a", "s", 0))
+    outcome = JobOutcome(job.id)
+    for field, value in [("manifest", bad), ("models", ["a", bad])]:
+        subject = msgspec.structs.replace(run, **{field: value})
+        message = _refusal(_codec._checked_run_params, subject)
+        assert "lone surrogate" in message
+        assert _refusal(_codec.run_params, subject) == message
+    for field in ("model", "sample_id"):
+        spec = msgspec.structs.replace(job.spec, **{field: bad})
+        subject_job = msgspec.structs.replace(job, spec=spec)
+        message = _refusal(_codec._checked_job_params, subject_job)
+        assert f"spec.{field} holds" in message
+        assert _refusal(_codec.job_params, subject_job) == message
+    for field in ("output", "error"):
+        subject_outcome = msgspec.structs.replace(outcome, **{field: bad})
+        message = _refusal(_codec._checked_outcome_json, subject_outcome)
+        assert f"{field} holds" in message
+        assert _refusal(_codec.outcome_params, subject_outcome) == message
 
 
 class _UUIDSubclass(uuid.UUID):

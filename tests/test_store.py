@@ -301,6 +301,8 @@ async def test_outcome_for_another_runs_job_changes_nothing(store: Store) -> Non
         (Run("m", ["a", 3], 1, 1), "models"),  # type: ignore[list-item]
         (Run("m", ["a"], 1, 1, status="paused"), "paused"),  # type: ignore[arg-type]
         (Run(7, ["a"], 1, 1), "manifest"),  # type: ignore[arg-type]
+        (Run("suite-\udce9.yaml", ["a"], 1, 1), r"manifest holds '\\udce9' at index 6, a lone"),
+        (Run("m", ["a", "b\ud800"], 1, 1), r"models\[1\] holds '\\ud800' at index 1, a lone"),
     ],
     ids=[
         "zero-epochs",
@@ -311,6 +313,8 @@ async def test_outcome_for_another_runs_job_changes_nothing(store: Store) -> Non
         "model-not-str",
         "bad-status",
         "manifest-not-str",
+        "manifest-surrogate",
+        "model-surrogate",
     ],
 )
 async def test_bad_run_is_refused_and_nothing_stored(store: Store, run: Run, match: str) -> None:
@@ -327,8 +331,10 @@ async def test_bad_run_is_refused_and_nothing_stored(store: Store, run: Run, mat
         JobOutcome(uuid.uuid4(), score=float("inf")),
         JobOutcome("not-a-uuid"),  # type: ignore[arg-type]
         JobOutcome(uuid.uuid4(), output=None),  # type: ignore[arg-type]
+        JobOutcome(uuid.uuid4(), output="stdout: \udcff\udcfe"),
+        JobOutcome(uuid.uuid4(), error="\ud83d"),
     ],
-    ids=["nan", "inf", "str-id", "none-output"],
+    ids=["nan", "inf", "str-id", "none-output", "output-surrogate", "error-surrogate"],
 )
 async def test_bad_outcome_is_refused(store: Store, outcome: JobOutcome) -> None:
     """An outcome JSON cannot hold is an InvalidInputError, and nothing changes."""
@@ -337,6 +343,32 @@ async def test_bad_outcome_is_refused(store: Store, outcome: JobOutcome) -> None
     with pytest.raises(InvalidInputError):
         await store.record_job_outcome(run.id, outcome)
     assert await store.get_run(run.id) == run
+
+
+async def test_text_that_utf8_cannot_encode_is_refused_with_the_fix(store: Store) -> None:
+    """Lone surrogates (what errors='surrogateescape' leaves of undecodable bytes) cannot be
+    stored: a job batch or an outcome batch holding one is refused whole, naming the field,
+    the character and the fix. Other unusual text, NUL included, round-trips."""
+    run = make_run(job_count=3)
+    await store.insert_run(run)
+    escaped = b"caf\xe9".decode("utf-8", errors="surrogateescape")
+    jobs = [Job(run.id, EvalJob("model-a", s, 0)) for s in ("s0", escaped, "s2")]
+    with pytest.raises(
+        InvalidInputError,
+        match=rf"job {jobs[1].id}: spec\.sample_id holds '\\udce9' at index 3, a lone "
+        r"surrogate .* decode the bytes with errors='replace' or errors='backslashreplace'",
+    ):
+        await store.insert_jobs(jobs)
+    assert await store.list_jobs(run.id) == []
+
+    jobs = [Job(run.id, EvalJob("model-a", s, 0)) for s in ("nul\x00", "caf\u00e9", "\U0001f600")]
+    await store.insert_jobs(jobs)
+    assert await store.list_jobs(run.id) == jobs
+    outcomes = [JobOutcome(jobs[0].id, output="ok"), JobOutcome(jobs[1].id, output=escaped)]
+    with pytest.raises(InvalidInputError, match=rf"outcome for job {jobs[1].id}: output holds"):
+        await store.record_job_outcomes(run.id, outcomes)
+    assert await store.get_run(run.id) == run
+    assert await store.list_jobs(run.id) == jobs
 
 
 async def test_ids_must_be_uuids(store: Store) -> None:
