@@ -16,34 +16,46 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
-from control_store import EvalJob, Job, JobOutcome, JobStatus, Run, RunStatus, Store
+from control_store import EvalJob, Job, JobOutcome, Run, Store
 
 MODELS = ["model-a", "model-b", "model-c", "model-d"]
 ERRORS = ["timeout after 60s", "rate limited", "context length exceeded"]
+PAGE = 10_000
 
 
-def _jobs(run: Run, count: int, rng: random.Random) -> Iterator[Job]:
+def _jobs(run: Run, count: int) -> Iterator[Job]:
     for i in range(count):
-        spec = EvalJob(MODELS[i % len(MODELS)], f"sample-{i // len(MODELS)}", i % 10)
-        if i % 10 == 9:
-            yield Job(run.id, spec)
-            continue
-        job = Job(run.id, spec, status=JobStatus.DONE)
-        if rng.random() < 0.02:
-            outcome = JobOutcome(job.id, output="", error=rng.choice(ERRORS))
-        else:
-            outcome = JobOutcome(job.id, score=rng.random(), output="ok")
-        yield Job(run.id, spec, id=job.id, status=JobStatus.DONE, outcome=outcome)
+        yield Job(run.id, EvalJob(MODELS[i % len(MODELS)], f"sample-{i // len(MODELS)}", i % 10))
+
+
+def _outcome(job: Job, rng: random.Random) -> JobOutcome:
+    if rng.random() < 0.02:
+        return JobOutcome(job.id, output="", error=rng.choice(ERRORS))
+    return JobOutcome(job.id, score=rng.random(), output="ok")
 
 
 async def build(path: Path, count: int) -> Run:
-    done = count - count // 10
-    run = Run("suite.yaml", MODELS, 10, count, status=RunStatus.RUNNING, done_count=done)
+    """The run, its jobs queued, then 9 in 10 of them recorded as a fleet would (a page of
+    outcomes per call), so the run's counters agree with its jobs as the store keeps them."""
+    run = Run("suite.yaml", MODELS, 10, count)
     async with Store.connect(path, synchronous="NORMAL") as store:
         await store.insert_run(run)
+        await store.insert_jobs(_jobs(run, count))
+        assert await store.claim_next_run() is not None
         rng = random.Random(7)  # noqa: S311 - reproducible made-up scores, not cryptography
-        await store.insert_jobs(_jobs(run, count, rng))
-    return run
+        page: list[JobOutcome] = []
+        position = 0
+        async for job in store.iter_jobs(run.id, page_size=PAGE):
+            if position % 10 != 9:  # every tenth job stays queued
+                page.append(_outcome(job, rng))
+            position += 1
+            if len(page) == PAGE:
+                await store.record_job_outcomes(run.id, page)
+                page = []
+        await store.record_job_outcomes(run.id, page)
+        stored = await store.get_run(run.id)
+        assert stored is not None
+    return stored
 
 
 def main() -> None:

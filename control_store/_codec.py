@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -50,6 +51,7 @@ _UUID: Final = uuid.UUID
 # on only: named for older ones.
 _REFUSED: Final = (TypeError, ValueError, KeyError, msgspec.DecodeError)
 
+_FLOAT_MAX: Final = int(sys.float_info.max)  # an int beyond it has no float
 _INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 
@@ -61,6 +63,9 @@ _TIMESTAMP_LENGTH: Final = len("2026-01-01T00:00:00.000000Z")
 _RUN_STATUS: Final = {s.value: s for s in RunStatus}
 _JOB_STATUS: Final = {s.value: s for s in JobStatus}
 _QUEUED: Final = JobStatus.QUEUED  # every new job's status: checked by identity first
+# The statuses a new run or job may be inserted with: never done (see _checked_run_params).
+_NEW_RUN: Final = {s.value: s for s in RunStatus if s is not RunStatus.DONE}
+_NEW_JOB: Final = {s.value: s for s in JobStatus if s is not JobStatus.DONE}
 
 # Columns, in the order every SELECT and RETURNING lists them (see _sqlite.py).
 RUN_COLUMNS: Final = "id, manifest, models, epochs, job_count, status, created_at, done_count"
@@ -77,7 +82,13 @@ def format_timestamp(value: datetime, *, what: str) -> str:
             "e.g. datetime.now(timezone.utc)"
         )
     if value.tzinfo is not UTC:
-        value = value.astimezone(UTC)
+        try:
+            value = value.astimezone(UTC)
+        except OverflowError:
+            raise InvalidInputError(
+                f"{what} {value!r} is outside 0001-01-01..9999-12-31 once in UTC, the range "
+                "a datetime can hold; pass a time within it"
+            ) from None
     # isoformat, not strftime: it is ~3x faster on the insert path and always pads the year to
     # four digits (glibc's %Y writes year 999 as "999", which would break the fixed width).
     return value.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
@@ -180,7 +191,8 @@ def _json(value: object, *, what: str) -> str:
 
 
 def run_params(run: Run) -> tuple[str, str, str, int, int, str, str, int]:
-    """The ``runs`` row for ``run``, in RUN_COLUMNS order."""
+    """The ``runs`` row inserting ``run``, in RUN_COLUMNS order: a new run, queued or running
+    with none of its jobs done."""
     # The hot path: _checked_run_params's checks, inline, with no message built; anything it
     # does not accept goes to _checked_run_params, which raises the error that explains it.
     if type(run) is Run:
@@ -197,9 +209,9 @@ def run_params(run: Run) -> tuple[str, str, str, int, int, str, str, int]:
             and type(job_count) is int
             and 0 <= job_count <= _INT64_MAX
             and type(done_count) is int
-            and 0 <= done_count <= job_count
+            and done_count == 0  # a new run: see _checked_run_params
             and isinstance(run.status, str)  # a RunStatus is a str
-            and run.status in _RUN_STATUS
+            and run.status in _NEW_RUN
             and type(created_at) is datetime
             and created_at.tzinfo is UTC
         ):
@@ -232,9 +244,14 @@ def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, in
     _check_int(run.epochs, what=f"{where}: epochs", minimum=1)
     _check_int(run.job_count, what=f"{where}: job_count", minimum=0)
     _check_int(run.done_count, what=f"{where}: done_count", minimum=0)
-    if run.done_count > run.job_count:
+    # A run is inserted before its jobs (they refer to it), so it has none done yet, and only
+    # the outcomes recorded later may count them and finish it: any other start would leave
+    # its counters disagreeing with its jobs (what check() reports).
+    if run.done_count != 0:
         raise InvalidInputError(
-            f"{where}: done_count {run.done_count} exceeds job_count {run.job_count}"
+            f"{where}: done_count is {run.done_count}, but a new run has no jobs yet, so none "
+            "done; nothing was stored: insert it with done_count=0 (record_job_outcome(s) "
+            "count its jobs as they are done)"
         )
     try:
         status = RunStatus(run.status)
@@ -242,6 +259,11 @@ def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, in
         raise InvalidInputError(
             f"{where}: status {run.status!r} is not one of {[s.value for s in RunStatus]}"
         ) from None
+    if status is RunStatus.DONE:
+        raise InvalidInputError(
+            f"{where}: status is 'done', but a new run has no jobs yet; nothing was stored: "
+            "insert it queued (or running): it is done when its last job's outcome is recorded"
+        )
     if not isinstance(run.created_at, datetime):
         raise InvalidInputError(f"{where}: created_at must be a datetime, got {run.created_at!r}")
     created_at = format_timestamp(run.created_at, what=f"{where}: created_at")
@@ -290,6 +312,11 @@ def _checked_outcome_json(outcome: JobOutcome) -> str:
     if score is not None:
         if not isinstance(score, int | float) or isinstance(score, bool):
             raise InvalidInputError(f"{where}: score must be a float or None, got {score!r}")
+        if isinstance(score, int) and not -_FLOAT_MAX <= score <= _FLOAT_MAX:
+            raise InvalidInputError(
+                f"{where}: score {score} is too large for a float, which JSON keeps it as; "
+                "pass a float"
+            )
         if not math.isfinite(score):
             raise InvalidInputError(
                 f"{where}: score {score!r} is not finite and JSON cannot hold it; "
@@ -305,7 +332,8 @@ JobRow = tuple[str, str, str, str, int, str | None]
 
 
 def job_params(job: Job) -> JobRow:
-    """The ``jobs`` row for ``job``, in JOB_COLUMNS order."""
+    """The ``jobs`` row inserting ``job``, in JOB_COLUMNS order: a new job, not done, with no
+    outcome."""
     encode, _ = job_encoder()
     return encode(job)
 
@@ -341,7 +369,7 @@ def job_encoder() -> tuple[Callable[[Job], JobRow], Callable[[], JobRow | None]]
                 and type(spec.sample_id) is str
                 and type(spec.epoch) is int
                 and _INT64_MIN <= spec.epoch <= _INT64_MAX
-                and (status is _QUEUED or (isinstance(status, str) and status in _JOB_STATUS))
+                and (status is _QUEUED or (isinstance(status, str) and status in _NEW_JOB))
                 and type(attempt) is int
                 and 0 <= attempt <= _INT64_MAX
             ):
@@ -387,8 +415,16 @@ def _checked_job_params(job: Job) -> JobRow:
             f"{where}: status {job.status!r} is not one of {[s.value for s in JobStatus]}"
         ) from None
     _check_int(job.attempt, what=f"{where}: attempt", minimum=0)
-    outcome = None if job.outcome is None else outcome_json(job.outcome)
-    return (job_id, run_id, _json(spec, what=f"{where}: spec"), status.value, job.attempt, outcome)
+    # Only a recorded outcome marks a job done, and counts it in its run's done_count: a job
+    # inserted done, or with an outcome, would leave the two disagreeing (see check()).
+    if status is JobStatus.DONE or job.outcome is not None:
+        given = "status is 'done'" if status is JobStatus.DONE else "it has an outcome"
+        raise InvalidInputError(
+            f"{where}: {given}, but a new job has no outcome yet; no job of this call was "
+            "inserted: insert it queued (or running) without one, then record its outcome "
+            "with record_job_outcome(s), which marks it done and counts it in its run"
+        )
+    return (job_id, run_id, _json(spec, what=f"{where}: spec"), status.value, job.attempt, None)
 
 
 def lenient_text(data: bytes) -> str | bytes:

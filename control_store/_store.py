@@ -355,8 +355,10 @@ class Store:
                 ) from None
         if limit is None:
             limit = -1  # SQLite: no limit
-        elif not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            raise InvalidInputError(f"limit must be an int >= 0 or None, got {limit!r}")
+        elif not _int_from(limit, 0, _INT64_MAX):
+            raise InvalidInputError(
+                f"limit must be an int from 0 to {_INT64_MAX} or None, got {limit!r}"
+            )
         key = None if status is None else status.value
         op = partial(_sqlite.op_list_runs, key, limit)
         return await backend.read(op, small=0 <= limit <= _SMALL_BATCH)

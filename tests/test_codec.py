@@ -33,7 +33,7 @@ from conftest import make_run, sized
 
 def test_fast_and_checked_paths_encode_and_decode_alike() -> None:
     """run_params/job_params/outcome_json and the decoders give what the checked paths give."""
-    run = Run("m", ["a", "b"], 2, 5, status=RunStatus.RUNNING, done_count=1)
+    run = Run("m", ["a", "b"], 2, 5, status=RunStatus.RUNNING)
     row = _codec.run_params(run)
     assert row == _codec._checked_run_params(run)
     assert _codec.decode_run(row) == _codec._checked_run(row) == run
@@ -106,14 +106,46 @@ def test_ids_are_written_as_str_writes_them(value: uuid.UUID) -> None:
     assert _store._id(value, what="run_id") == text
 
 
-@pytest.mark.parametrize("status", [*JobStatus, "running", "done"])
+@pytest.mark.parametrize("status", [JobStatus.QUEUED, JobStatus.RUNNING, "queued", "running"])
 def test_every_job_status_is_written_as_its_value(status: str) -> None:
-    """A JobStatus member or its plain value, the queued member included, is stored as text."""
+    """A new job's status, a JobStatus member or its plain value, is stored as text."""
     job = Job(uuid.uuid4(), EvalJob("a", "s", 0), status=cast(JobStatus, status))
     row = _codec.job_params(job)
     assert row[3] == JobStatus(status).value
     assert type(row[3]) is str
     assert row == _codec._checked_job_params(job)
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        Job(uuid.uuid4(), EvalJob("a", "s", 0), status=JobStatus.DONE),
+        Job(uuid.uuid4(), EvalJob("a", "s", 0), status=cast(JobStatus, "done")),
+        Job(uuid.uuid4(), EvalJob("a", "s", 0), outcome=JobOutcome(uuid.uuid4())),
+    ],
+    ids=["done", "done-value", "outcome"],
+)
+def test_fast_and_checked_paths_refuse_a_job_inserted_done_alike(job: Job) -> None:
+    """A new job cannot be done or carry an outcome; both paths say so in the same words."""
+    message = _refusal(_codec._checked_job_params, job)
+    assert "but a new job has no outcome yet" in message
+    assert _refusal(_codec.job_params, job) == message
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        Run("m", ["a"], 1, 2, done_count=1),
+        Run("m", ["a"], 1, 0, status=RunStatus.DONE),
+        Run("m", ["a"], 1, 0, status=cast(RunStatus, "done")),
+    ],
+    ids=["done-count", "done", "done-value"],
+)
+def test_fast_and_checked_paths_refuse_a_run_inserted_in_progress_alike(run: Run) -> None:
+    """A new run has no jobs, so none done; both paths say so in the same words."""
+    message = _refusal(_codec._checked_run_params, run)
+    assert "but a new run has no jobs yet" in message
+    assert _refusal(_codec.run_params, run) == message
 
 
 @pytest.mark.parametrize(
@@ -165,7 +197,9 @@ async def test_early_years_keep_the_fixed_width(store: Store, created_at: dateti
 
 # --- batch decoders: exactly what the per-row decoders admit --------------------------------
 
-_GOOD_RUN = _codec.run_params(Run("m", ["a", "b"], 2, 5, status=RunStatus.RUNNING, done_count=1))
+# A run in progress, as the store keeps it once one of its jobs is done (run_params only writes
+# new runs, with done_count 0).
+_GOOD_RUN = (*_codec.run_params(Run("m", ["a", "b"], 2, 5, status=RunStatus.RUNNING))[:7], 1)
 _GOOD_JOB = _codec.job_params(Job(uuid.uuid4(), EvalJob("a", "s", 3), attempt=1))
 _DONE_JOB = (
     *_GOOD_JOB[:3],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
+from typing import cast
 
 import msgspec
 import pytest
@@ -109,8 +110,16 @@ async def test_claim_ties_break_in_insertion_order(store: Store) -> None:
 
 async def test_claim_skips_running_and_done_runs(store: Store) -> None:
     """Only queued runs are claimed."""
+    done = make_run(job_count=1)
+    await store.insert_run(done)
+    (job,) = make_jobs(done)
+    await store.insert_jobs([job])
+    assert await store.claim_next_run() == msgspec.structs.replace(done, status=RunStatus.RUNNING)
+    assert await store.record_job_outcome(done.id, JobOutcome(job.id, score=1.0))
+    assert (await store.get_run(done.id)) == msgspec.structs.replace(
+        done, status=RunStatus.DONE, done_count=1
+    )
     await store.insert_run(msgspec.structs.replace(make_run(), status=RunStatus.RUNNING))
-    await store.insert_run(msgspec.structs.replace(make_run(), status=RunStatus.DONE, done_count=3))
     queued = make_run()
     await store.insert_run(queued)
     claimed = await store.claim_next_run()
@@ -296,11 +305,21 @@ async def test_outcome_for_another_runs_job_changes_nothing(store: Store) -> Non
         (Run("m", ["a"], 0, 1), "epochs"),
         (Run("m", ["a"], 1, -1), "job_count"),
         (Run("m", ["a"], 1, 2**63), "job_count"),
-        (Run("m", ["a"], 1, 1, done_count=2), "done_count 2 exceeds job_count 1"),
+        (Run("m", ["a"], 1, 3, done_count=2), "done_count is 2, but a new run has no jobs yet"),
+        (
+            Run("m", ["a"], 1, 0, status=RunStatus.DONE),
+            r"status is 'done', but a new run has no jobs yet.*insert it queued \(or running\)",
+        ),
         (Run("m", ["a"], 1, 1, created_at=datetime(2026, 1, 1)), "no time zone"),
         (Run("m", ["a", 3], 1, 1), "models"),  # type: ignore[list-item]
         (Run("m", ["a"], 1, 1, status="paused"), "paused"),  # type: ignore[arg-type]
         (Run(7, ["a"], 1, 1), "manifest"),  # type: ignore[arg-type]
+        (
+            Run(
+                "m", ["a"], 1, 1, created_at=datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1)))
+            ),
+            r"created_at .* is outside 0001-01-01\.\.9999-12-31 once in UTC",
+        ),
         (Run("suite-\udce9.yaml", ["a"], 1, 1), r"manifest holds '\\udce9' at index 6, a lone"),
         (Run("m", ["a", "b\ud800"], 1, 1), r"models\[1\] holds '\\ud800' at index 1, a lone"),
     ],
@@ -308,11 +327,13 @@ async def test_outcome_for_another_runs_job_changes_nothing(store: Store) -> Non
         "zero-epochs",
         "negative-job-count",
         "overflow",
-        "done-beyond-count",
+        "done-count-at-insert",
+        "done-at-insert",
         "naive-time",
         "model-not-str",
         "bad-status",
         "manifest-not-str",
+        "before-year-1-in-utc",
         "manifest-surrogate",
         "model-surrogate",
     ],
@@ -331,10 +352,19 @@ async def test_bad_run_is_refused_and_nothing_stored(store: Store, run: Run, mat
         JobOutcome(uuid.uuid4(), score=float("inf")),
         JobOutcome("not-a-uuid"),  # type: ignore[arg-type]
         JobOutcome(uuid.uuid4(), output=None),  # type: ignore[arg-type]
+        JobOutcome(uuid.uuid4(), score=10**400),
         JobOutcome(uuid.uuid4(), output="stdout: \udcff\udcfe"),
         JobOutcome(uuid.uuid4(), error="\ud83d"),
     ],
-    ids=["nan", "inf", "str-id", "none-output", "output-surrogate", "error-surrogate"],
+    ids=[
+        "nan",
+        "inf",
+        "str-id",
+        "none-output",
+        "int-beyond-float",
+        "output-surrogate",
+        "error-surrogate",
+    ],
 )
 async def test_bad_outcome_is_refused(store: Store, outcome: JobOutcome) -> None:
     """An outcome JSON cannot hold is an InvalidInputError, and nothing changes."""
@@ -343,6 +373,30 @@ async def test_bad_outcome_is_refused(store: Store, outcome: JobOutcome) -> None
     with pytest.raises(InvalidInputError):
         await store.record_job_outcome(run.id, outcome)
     assert await store.get_run(run.id) == run
+
+
+@pytest.mark.parametrize("state", ["done", "done-value", "outcome"])
+async def test_a_job_inserted_done_or_with_an_outcome_is_refused(store: Store, state: str) -> None:
+    """Only a recorded outcome marks a job done and counts it: a batch holding a job inserted
+    done, or with an outcome already, is refused whole, and the store stays consistent."""
+    run = make_run()
+    await store.insert_run(run)
+    jobs = make_jobs(run)
+    bad = jobs[1]
+    if state == "outcome":
+        bad = msgspec.structs.replace(bad, outcome=JobOutcome(bad.id, score=1.0))
+    else:
+        status = JobStatus.DONE if state == "done" else "done"
+        bad = msgspec.structs.replace(bad, status=cast(JobStatus, status))
+    given = "it has an outcome" if state == "outcome" else "status is 'done'"
+    with pytest.raises(
+        InvalidInputError,
+        match=rf"job {bad.id}: {given}, but a new job has no outcome yet; no job of this call "
+        r"was inserted: .*record_job_outcome\(s\)",
+    ):
+        await store.insert_jobs([jobs[0], bad, jobs[2]])
+    assert await store.list_jobs(run.id) == []
+    assert await store.check() == []
 
 
 async def test_text_that_utf8_cannot_encode_is_refused_with_the_fix(store: Store) -> None:
@@ -412,8 +466,12 @@ async def test_list_runs_newest_first_with_filters(store: Store) -> None:
     assert [r.id for r in await store.list_runs()] == [r.id for r in reversed(runs)]
     assert [r.id for r in await store.list_runs(status=RunStatus.RUNNING)] == [runs[0].id]
     assert len(await store.list_runs(status=RunStatus.QUEUED, limit=2)) == 2
-    with pytest.raises(InvalidInputError, match="limit"):
-        await store.list_runs(limit=-1)
+    assert len(await store.list_runs(limit=2**63 - 1)) == 4
+    for bad in (-1, 2**63, True, 1.0):
+        with pytest.raises(
+            InvalidInputError, match=r"limit must be an int from 0 to 9223372036854775807 or None"
+        ):
+            await store.list_runs(limit=bad)  # type: ignore[arg-type]
 
 
 async def test_check_finds_nothing_in_a_sound_store(store: Store) -> None:
