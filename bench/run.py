@@ -151,17 +151,23 @@ async def setup_store(store: Store, runs: list[Run], jobs: list[Job]) -> None:
     job_rows = [_codec.job_params(j) for j in jobs]
 
     def load(conn: sqlite3.Connection) -> None:
-        conn.executemany(_sqlite.INSERT_RUN, run_rows)
-        conn.executemany(_sqlite.INSERT_JOB, job_rows)
+        _load(conn, run_rows, job_rows)
 
     await backend.write(load)
 
 
 def setup_raw(conn: sqlite3.Connection, runs: list[Run], jobs: list[Job]) -> None:
     conn.execute("BEGIN IMMEDIATE")
-    conn.executemany(_sqlite.INSERT_RUN, [_codec.run_params(r) for r in runs])
-    conn.executemany(_sqlite.INSERT_JOB, [_codec.job_params(j) for j in jobs])
+    _load(conn, [_codec.run_params(r) for r in runs], [_codec.job_params(j) for j in jobs])
     conn.execute("COMMIT")
+
+
+def _load(conn: sqlite3.Connection, run_rows: list[Any], job_rows: list[Any]) -> None:
+    """The rows, and each run's count of jobs (runs.job_rows) as insert_jobs would keep it."""
+    conn.executemany(_sqlite.INSERT_RUN, run_rows)
+    conn.executemany(_sqlite.INSERT_JOB, job_rows)
+    for run_id, added in Counter(row[1] for row in job_rows).items():
+        conn.execute(_sqlite.ADD_JOB_ROWS, (added, run_id, added))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -534,6 +540,8 @@ class Bench:
             for jobs in units:
                 conn.execute("BEGIN IMMEDIATE")
                 conn.executemany(_sqlite.INSERT_JOB, map(raw_job_row, jobs))
+                run_id, added = str(jobs[0].run_id), len(jobs)  # one run per call
+                conn.execute(_sqlite.ADD_JOB_ROWS, (added, run_id, added))
                 conn.execute("COMMIT")
 
         return Side(units, chunk, self.closer(conn), n)

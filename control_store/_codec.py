@@ -334,32 +334,40 @@ JobRow = tuple[str, str, str, str, int, str | None]
 def job_params(job: Job) -> JobRow:
     """The ``jobs`` row inserting ``job``, in JOB_COLUMNS order: a new job, not done, with no
     outcome."""
-    encode, _ = job_encoder()
+    encode, _, _ = job_encoder()
     return encode(job)
 
 
-def job_encoder() -> tuple[Callable[[Job], JobRow], Callable[[], JobRow | None]]:
-    """``(encode, last)``: job_params for a stream of jobs, and the row encode returned last.
+def job_encoder() -> tuple[
+    Callable[[Job], JobRow], Callable[[], JobRow | None], Callable[[], dict[str, int]]
+]:
+    """``(encode, last, per_run)``: job_params for a stream of jobs, the row encode returned
+    last, and how many rows it returned for each run id (text).
 
     insert_jobs maps encode over its jobs, a million of them at a time; last() is then the
-    row being inserted when a constraint fails (None before the first). Jobs of one run
-    usually share its id object (``Job(run.id, ...)``): while a job's run_id is the very object
-    the previous job's was, its text is reused instead of formatted again. A uuid.UUID is
-    immutable, so the same object always has the same text; any other object, equal or not,
-    is checked and formatted afresh.
+    row being inserted when a constraint fails (None before the first), and per_run() what
+    each run's job count grows by. Jobs of one run usually share its id object
+    (``Job(run.id, ...)``): while a job's run_id is the very object the previous job's was, its
+    text is reused instead of formatted again, and it is counted in a local, not a dict. A
+    uuid.UUID is immutable, so the same object always has the same text; any other object,
+    equal or not, is checked and formatted afresh.
     """
     last: JobRow | None = None
     run_id_seen: object = object()  # no job's run_id: the first job formats its own
     run_text = ""
+    counted: dict[str, int] = {}  # rows per run id, but those of the current run's streak
+    streak = 0  # rows of run_text since run_id_seen last changed
 
     def encode(job: Job) -> JobRow:
         # Hot path: _checked_job_params's checks, inline, as in run_params.
-        nonlocal last, run_id_seen, run_text
+        nonlocal last, run_id_seen, run_text, streak
         if type(job) is Job:
             job_id, run_id, spec = job.id, job.run_id, job.spec
             status, attempt = job.status, job.attempt
             if run_id is not run_id_seen and type(run_id) is _UUID:
-                run_id_seen, run_text = run_id, uuid_text(run_id)
+                if streak:
+                    counted[run_text] = counted.get(run_text, 0) + streak
+                run_id_seen, run_text, streak = run_id, uuid_text(run_id), 0
             if (
                 run_id is run_id_seen  # an exact uuid.UUID, whose text run_text is
                 and job.outcome is None
@@ -386,14 +394,22 @@ def job_encoder() -> tuple[Callable[[Job], JobRow], Callable[[], JobRow | None]]
                     pass
                 else:
                     last = row
+                    streak += 1
                     return row
         last = row = _checked_job_params(job)
+        counted[row[1]] = counted.get(row[1], 0) + 1
         return row
 
     def last_row() -> JobRow | None:
         return last
 
-    return encode, last_row
+    def per_run() -> dict[str, int]:
+        rows = dict(counted)
+        if streak:
+            rows[run_text] = rows.get(run_text, 0) + streak
+        return rows
+
+    return encode, last_row, per_run
 
 
 def _checked_job_params(job: Job) -> JobRow:

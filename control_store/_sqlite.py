@@ -135,6 +135,15 @@ SET done_count = done_count + ?,
     status = CASE WHEN done_count + ? >= job_count THEN 'done' ELSE status END
 WHERE id = ? AND typeof(done_count) = 'integer' AND typeof(job_count) = 'integer'
 """
+# insert_jobs' guard, once per run of the batch after its rows went in (0002_job_rows): the
+# run's count of jobs moves by the number inserted, only while it stays within job_count, and,
+# as in ADVANCE_RUN, only over counters that are integers.
+ADD_JOB_ROWS: Final = """
+UPDATE runs SET job_rows = job_rows + ?
+WHERE id = ? AND job_rows + ? <= job_count
+    AND typeof(job_rows) = 'integer' AND typeof(job_count) = 'integer'
+"""
+SELECT_JOB_ROWS: Final = "SELECT job_count, job_rows FROM runs WHERE id = ?"
 SELECT_RUNS: Final = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY created_at DESC, rowid DESC LIMIT ?"
 SELECT_RUNS_BY_STATUS: Final = (
     f"SELECT {_RUN_COLUMNS} FROM runs WHERE status = ? ORDER BY created_at DESC, rowid DESC LIMIT ?"
@@ -142,7 +151,8 @@ SELECT_RUNS_BY_STATUS: Final = (
 
 # The check's view of every run's counters beside what its jobs say.
 CHECK_RUN_COUNTERS: Final = """
-SELECT r.id, r.status, r.job_count, r.done_count, COALESCE(j.done, 0), COALESCE(j.total, 0)
+SELECT r.id, r.status, r.job_count, r.done_count, COALESCE(j.done, 0), COALESCE(j.total, 0),
+    r.job_rows
 FROM runs AS r
 LEFT JOIN (
     SELECT run_id, SUM(status = 'done') AS done, COUNT(*) AS total FROM jobs GROUP BY run_id
@@ -873,7 +883,7 @@ def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
     # executemany pulls one row at a time through map, so any iterable streams in bounded
     # memory, with no generator frame per row; last() is the row being inserted when a
     # constraint fails.
-    encode, last = _codec.job_encoder()
+    encode, last, per_run = _codec.job_encoder()
     try:
         cursor = conn.executemany(INSERT_JOB, map(encode, jobs))
     except sqlite3.IntegrityError as exc:
@@ -890,7 +900,27 @@ def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
                 "this call was inserted: insert the run first"
             ) from exc
         raise
+    for run_id, added in per_run().items():
+        if conn.execute(ADD_JOB_ROWS, (added, run_id, added)).rowcount != 1:
+            _refuse_job_rows(run_id, added, conn)
     return cursor.rowcount
+
+
+def _refuse_job_rows(run_id: str, added: int, conn: sqlite3.Connection) -> NoReturn:
+    """Raise the error that explains why ADD_JOB_ROWS changed nothing (the call rolls back)."""
+    row = _leniently(conn, lambda: conn.execute(SELECT_JOB_ROWS, (run_id,)).fetchone())
+    if row is None:  # only if foreign keys were off when the jobs were written
+        raise _codec.corrupt_row("jobs", "run_id", run_id, run_id, "its run does not exist")
+    job_count, job_rows = row
+    for value, column in ((job_count, "job_count"), (job_rows, "job_rows")):
+        if not isinstance(value, int):
+            raise _codec.corrupt_row("runs", column, run_id, value, "expected an integer")
+    raise ConstraintError(
+        f"run {run_id} has job_count {job_count} and {job_rows} jobs already; this call would "
+        f"add {added} more; no job of this call was inserted: insert at most "
+        f"{max(job_count - job_rows, 0)} more jobs for it, or give the run a larger job_count "
+        "when you insert it"
+    )
 
 
 def op_list_runs(status: str | None, limit: int, conn: sqlite3.Connection) -> list[Run]:
@@ -950,10 +980,14 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
                 decode(row)
             except CorruptRowError as exc:
                 found(exc.table, exc.row_id, str(exc))
-    for run_id, status, job_count, done_count, done, total in conn.execute(CHECK_RUN_COUNTERS):
+    for run_id, status, job_count, done_count, done, total, job_rows in conn.execute(
+        CHECK_RUN_COUNTERS
+    ):
         run = f"run {run_id}"
         if done_count != done:
             found("runs", run_id, f"{run} has done_count {done_count!r}, {done} jobs done")
+        if job_rows != total:
+            found("runs", run_id, f"{run} has job_rows {job_rows!r}, {total} jobs")
         counted = isinstance(job_count, int) and isinstance(done_count, int)
         if counted and total > job_count:
             found("runs", run_id, f"{run} has job_count {job_count} but {total} jobs")

@@ -24,13 +24,15 @@ from typing import Final
 
 from control_store import ControlError, EvalJob, Job, JobOutcome, Run, Store, _migrate
 
-HEAVY_MIGRATION: Final = 2
+# The versions the library ships, and the test-only heavy migration just after them.
+SHIPPED: Final = [m.version for m in _migrate.load_migrations("sqlite")]
+HEAVY_MIGRATION: Final = SHIPPED[-1] + 1
 HEAVY_ROWS: Final = 200_000
 PROGRESS_EVERY: Final = 1_000
 
 # A second migration that takes long enough to be killed in the middle: it fills a table row
 # by row, calling progress() (a function the opener registers) so the worker can announce how
-# far it got. It exists only in these tests; the library ships 0001 alone.
+# far it got. It exists only in these tests, after the migrations the library ships.
 _HEAVY_SQL: Final = f"""
 CREATE TABLE filler (i INTEGER NOT NULL, pad BLOB NOT NULL);
 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {HEAVY_ROWS})

@@ -212,14 +212,21 @@ def permissions_obeyed(tmp_path_factory: pytest.TempPathFactory) -> None:
         pytest.skip(f"cannot run a process that obeys file permissions here: {done.stderr[-300:]}")
 
 
+# The migrations the library ships, newest last, and the version a test's extra one takes.
+SHIPPED = [(m.version, m.description) for m in _migrate.load_migrations("sqlite")]
+NEXT_VERSION = SHIPPED[-1][0] + 1
+
+
 def with_second_migration(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the library know a migration 2 that the test databases do not have."""
+    """Make the library know a migration NEXT_VERSION ("add leases") that the test databases
+    do not have."""
     original = _migrate.load_migrations
 
     def load(backend: str, directory: Path | None = None) -> list[_migrate.Migration]:
         sql = b"CREATE TABLE leases (job_id TEXT PRIMARY KEY);\n"
+        name = f"{NEXT_VERSION:04d}_add_leases.sql"
         extra = _migrate.Migration(
-            2, "add leases", sql.decode(), _migrate.checksum(sql), Path("0002_add_leases.sql")
+            NEXT_VERSION, "add leases", sql.decode(), _migrate.checksum(sql), Path(name)
         )
         return [*original(backend, directory), extra]
 

@@ -38,6 +38,7 @@ async def _edit(store: Store, sql: str, *params: object) -> None:
         ("UPDATE runs SET job_count = 2", r"has job_count 2 but 3 jobs"),
         ("UPDATE jobs SET run_id = 'gone'", r"jobs row \d+ refers to a missing runs row"),
         ("UPDATE runs SET epochs = 'many'", r"runs\.epochs of row \S+ holds 'many'"),
+        ("UPDATE runs SET job_rows = 2", r"run \S+ has job_rows 2, 3 jobs"),
     ],
     ids=[
         "miscounted",
@@ -47,6 +48,7 @@ async def _edit(store: Store, sql: str, *params: object) -> None:
         "too-many-jobs",
         "orphan-job",
         "unreadable",
+        "job-rows-drift",
     ],
 )
 async def test_check_reports_each_broken_invariant(store: Store, edit: str, expected: str) -> None:

@@ -275,10 +275,11 @@ def test_migrate_creates_applies_then_reports_up_to_date(
     code, out, _ = run_cli(capsys, "migrate", "--url", url)
     assert code == 0
     assert "applied migration 1 (init)" in out
+    assert "applied migration 2 (job rows)" in out
     code, out, _ = run_cli(capsys, "migrate", "--url", url)
-    assert (code, out) == (0, "database is up to date (migration 1); nothing to apply\n")
+    assert (code, out) == (0, "database is up to date (migration 2); nothing to apply\n")
     code, out, _ = run_cli(capsys, "migrate", "--json", "--url", url)
-    assert (code, json.loads(out)) == (0, {"applied": [], "version": 1})
+    assert (code, json.loads(out)) == (0, {"applied": [], "version": 2})
 
 
 def test_migrate_status_lists_pending_then_applied(
@@ -290,15 +291,17 @@ def test_migrate_status_lists_pending_then_applied(
     code, out, _ = run_cli(capsys, "migrate", "--status", "--json", "--url", str(path))
     assert code == 0
     assert json.loads(out) == [
-        {"version": 1, "description": "init", "installed_on": None, "applied": False}
+        {"version": 1, "description": "init", "installed_on": None, "applied": False},
+        {"version": 2, "description": "job rows", "installed_on": None, "applied": False},
     ]
     code, out, _ = run_cli(capsys, "migrate", "--status", "--url", str(path))
     assert out.splitlines()[1].split() == ["1", "init", "pending"]
+    assert out.splitlines()[2].split() == ["2", "job", "rows", "pending"]
     assert run_cli(capsys, "migrate", "--url", str(path))[0] == 0
     code, out, _ = run_cli(capsys, "migrate", "--status", "--json", "--url", str(path))
-    (state,) = json.loads(out)
-    assert state["applied"] is True
-    assert datetime.fromisoformat(state["installed_on"]).tzinfo is not None
+    states = json.loads(out)
+    assert [state["applied"] for state in states] == [True, True]
+    assert all(datetime.fromisoformat(s["installed_on"]).tzinfo is not None for s in states)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,15 +538,16 @@ def test_read_commands_on_an_older_schema_point_at_migrate(
     before = db.read_bytes()
     assert_one_line_error(
         run_cli(capsys, "runs", "--url", str(db)),
-        "pending migrations: 2 (add leases)",
+        "pending migrations: 3 (add leases)",
         f"'control-store migrate --url {db}'",
-        "release whose newest migration is 1",
+        "release whose newest migration is 2",
     )
     code, out, _ = run_cli(capsys, "migrate", "--status", "--url", str(db))
     assert code == 0
-    states = [line.split()[:3] for line in out.splitlines()[1:]]
-    assert states == [["1", "init", "applied"], ["2", "add", "leases"]]
-    assert out.splitlines()[2].split()[-1] == "pending"
+    rows = [line.split() for line in out.splitlines()[1:]]
+    assert [row[:3] for row in rows[:1]] == [["1", "init", "applied"]]
+    assert rows[1][:4] == ["2", "job", "rows", "applied"]
+    assert rows[2] == ["3", "add", "leases", "pending"]
     assert db.read_bytes() == before
     assert run_cli(capsys, "migrate", "--url", str(db))[0] == 0
     assert run_cli(capsys, "runs", "--url", str(db))[0] == 0

@@ -25,12 +25,13 @@ from control_store import (
 from conftest import make_jobs, make_run, raw_db
 
 
-async def _run_with_jobs(store: Store, count: int) -> list[Job]:
-    """A run with ``count`` jobs, inserted in three batches interleaved with another run's."""
-    run, other = make_run(count), make_run(count)
+async def _run_with_jobs(store: Store, count: int, *, room: int = 0) -> list[Job]:
+    """A run with ``count`` jobs, inserted in three batches interleaved with another run's; its
+    job_count leaves ``room`` for more."""
+    run, other = make_run(count + room), make_run(count)
     await store.insert_run(run)
     await store.insert_run(other)
-    jobs, others = make_jobs(run), make_jobs(other)
+    jobs, others = make_jobs(run, count), make_jobs(other)
     third = count // 3
     for start, stop in ((0, third), (third, 2 * third), (2 * third, count)):
         await store.insert_jobs(jobs[start:stop])
@@ -140,7 +141,7 @@ def test_a_page_is_one_range_seek_in_the_run_index() -> None:
 async def test_a_walk_sees_each_job_once_as_it_was_when_its_page_was_read(store: Store) -> None:
     """Writes between pages: jobs already read stay as read, later pages show the new state,
     and jobs inserted during the walk come once, at the end."""
-    jobs = await _run_with_jobs(store, 6)
+    jobs = await _run_with_jobs(store, 6, room=1)
     run_id = jobs[0].run_id
     walk = store.iter_jobs(run_id, page_size=2)
     seen = [await anext(walk), await anext(walk)]

@@ -10,15 +10,19 @@ from pathlib import Path
 import pytest
 
 from control_store import (
+    ConstraintError,
     DirtyMigrationError,
     MigrationChangedError,
     MigrationError,
     Store,
     UnknownMigrationError,
+    _migrate,
 )
+from control_store._codec import job_params, run_params
 from control_store._migrate import checksum, load_migrations, pending
+from control_store._sqlite import INSERT_JOB, INSERT_RUN
 
-from conftest import raw_db
+from conftest import make_jobs, make_run, raw_db
 
 TRACKING = "_control_store_migrations"
 
@@ -192,3 +196,29 @@ async def test_a_failing_migration_applies_nothing_of_itself(
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_schema WHERE type='table'")}
     assert "a" in tables
     assert "b" not in tables
+
+
+async def test_job_rows_counts_the_jobs_of_runs_stored_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0002_job_rows on a database holding runs and jobs: each run's count is its jobs, so the
+    job_count guard holds for runs stored before the migration too."""
+    path = tmp_path / "v1.db"
+    monkeypatch.setattr(_migrate, "load_migrations", lambda b, d=None: load_migrations(b, d)[:1])
+    async with Store.connect(path):
+        pass
+    monkeypatch.undo()
+    full, empty = make_run(job_count=3), make_run(job_count=2)
+    with raw_db(path) as conn:  # as version 1 of the library would have stored them
+        conn.executemany(INSERT_RUN, [run_params(full), run_params(empty)])
+        conn.executemany(INSERT_JOB, [job_params(job) for job in make_jobs(full, 2)])
+    async with Store.connect(path) as store:
+        assert [m.version for m in await store.migration_status() if m.installed_on] == [1, 2]
+        with raw_db(path) as conn:
+            counts = dict(conn.execute("SELECT id, job_rows FROM runs").fetchall())
+        assert counts == {str(full.id): 2, str(empty.id): 0}
+        with pytest.raises(ConstraintError, match="has job_count 3 and 2 jobs already"):
+            await store.insert_jobs(make_jobs(full, 2))
+        await store.insert_jobs(make_jobs(full, 1))
+        await store.insert_jobs(make_jobs(empty, 2))
+        assert await store.check() == []

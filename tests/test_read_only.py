@@ -222,9 +222,9 @@ async def test_an_empty_file_is_refused_as_unmigrated_and_stays_empty(tmp_path: 
     path.touch()
     with pytest.raises(PendingMigrationError, match="no control_store migration") as caught:
         await Store.connect(path, read_only=True)
-    assert (caught.value.found, caught.value.needed) == (0, 1)
-    assert caught.value.pending == ((1, "init"),)
-    assert "needs migration 1 (init)" in str(caught.value)
+    assert (caught.value.found, caught.value.needed) == (0, 2)
+    assert caught.value.pending == ((1, "init"), (2, "job rows"))
+    assert "needs migration 2 (job rows); pending: 1 (init), 2 (job rows)" in str(caught.value)
     assert "without read_only" in str(caught.value)
     assert path.stat().st_size == 0
 
@@ -260,11 +260,11 @@ async def test_an_older_schema_is_refused_naming_both_versions(
     with pytest.raises(PendingMigrationError) as caught:
         await Store.connect(db_path, read_only=True)
     message = str(caught.value)
-    assert "is at migration 1 (init)" in message
-    assert "needs migration 2 (add leases)" in message
+    assert "is at migration 2 (job rows)" in message
+    assert "needs migration 3 (add leases)" in message
     assert "connect once without read_only" in message
-    assert "release whose newest migration is 1" in message
-    assert (caught.value.found, caught.value.needed) == (1, 2)
+    assert "release whose newest migration is 2" in message
+    assert (caught.value.found, caught.value.needed) == (2, 3)
     assert digest(db_path) == before
 
 
@@ -273,7 +273,7 @@ async def test_a_newer_schema_is_refused_naming_both_versions(db_path: Path) -> 
     with raw_db(db_path) as conn:
         conn.execute(f"INSERT INTO {TRACKING} VALUES (7, 'from the future', 'x', 1, x'00', 0)")
     before = digest(db_path)
-    with pytest.raises(UnknownMigrationError, match=r"migration 7 .*only up to 1.*upgrade"):
+    with pytest.raises(UnknownMigrationError, match=r"migration 7 .*only up to 2.*upgrade"):
         await Store.connect(db_path, read_only=True)
     assert digest(db_path) == before
 

@@ -11,9 +11,11 @@ import pytest
 
 from control_store import (
     AlreadyExistsError,
+    ConstraintError,
     EvalJob,
     InvalidInputError,
     Job,
+    JobId,
     JobOutcome,
     JobStatus,
     MissingRunError,
@@ -396,6 +398,60 @@ async def test_a_job_inserted_done_or_with_an_outcome_is_refused(store: Store, s
     ):
         await store.insert_jobs([jobs[0], bad, jobs[2]])
     assert await store.list_jobs(run.id) == []
+    assert await store.check() == []
+
+
+async def test_a_run_never_gets_more_jobs_than_its_job_count(store: Store) -> None:
+    """Within one call or across calls, jobs beyond job_count are a ConstraintError naming the
+    run and the numbers, and nothing of the call is stored; up to job_count all goes in."""
+    run = make_run(job_count=4)
+    await store.insert_run(run)
+    jobs = make_jobs(run, 6)
+    with pytest.raises(
+        ConstraintError,
+        match=rf"run {run.id} has job_count 4 and 0 jobs already; this call would add 5 more; no "
+        "job of this call was inserted: insert at most 4 more jobs",
+    ):
+        await store.insert_jobs(jobs[:5])
+    await store.insert_jobs(jobs[:3])
+    with pytest.raises(ConstraintError, match=r"has job_count 4 and 3 jobs already.* add 2 more"):
+        await store.insert_jobs(jobs[3:5])
+    await store.insert_jobs(jobs[3:4])
+    with pytest.raises(ConstraintError, match="insert at most 0 more jobs"):
+        await store.insert_jobs(jobs[5:6])
+    assert await store.list_jobs(run.id) == jobs[:4]
+    assert await store.check() == []
+
+
+class _UUIDSubclass(uuid.UUID):
+    """An id type the encoder's fast path leaves to its checked path."""
+
+
+async def test_a_batch_over_several_runs_is_counted_per_run(store: Store) -> None:
+    """Each run's jobs are counted wherever they stand in the batch and whatever object holds
+    the run id; one run over its job_count refuses the whole batch, every run's jobs with it."""
+    small, large = make_run(job_count=2), make_run(job_count=5)
+    await store.insert_run(small)
+    await store.insert_run(large)
+    same_id = uuid.UUID(str(large.id))  # equal to large.id, another object
+    checked = JobId(_UUIDSubclass(int=uuid.uuid4().int))  # takes the encoder's checked path
+    batch = [
+        Job(large.id, EvalJob("m", "l0", 0)),
+        Job(small.id, EvalJob("m", "s0", 0), id=checked),
+        Job(same_id, EvalJob("m", "l1", 0)),
+        Job(large.id, EvalJob("m", "l2", 0)),
+        Job(small.id, EvalJob("m", "s1", 0)),
+        Job(small.id, EvalJob("m", "s2", 0)),  # small's third: one too many
+    ]
+    with pytest.raises(ConstraintError, match=rf"run {small.id} has job_count 2 .* add 3 more"):
+        await store.insert_jobs(batch)
+    assert await store.list_jobs(large.id) == []
+    await store.insert_jobs(batch[:5])
+    assert len(await store.list_jobs(large.id)) == 3
+    assert len(await store.list_jobs(small.id)) == 2
+    await store.insert_jobs(make_jobs(large, 2))
+    with pytest.raises(ConstraintError, match=rf"run {large.id} has job_count 5 and 5 jobs"):
+        await store.insert_jobs(make_jobs(large, 1))
     assert await store.check() == []
 
 
