@@ -10,7 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -231,3 +231,26 @@ def with_second_migration(monkeypatch: pytest.MonkeyPatch) -> None:
         return [*original(backend, directory), extra]
 
     monkeypatch.setattr(_migrate, "load_migrations", load)
+
+
+async def first_job(store: Store, run: Run) -> Job | None:
+    """The first job iter_jobs yields for ``run``: one page read."""
+    async for job in store.iter_jobs(run.id):
+        return job
+    return None
+
+
+def one_call_of_each_kind(store: Store, run: Run) -> dict[str, Callable[[], Awaitable[object]]]:
+    """A read, a list, writes alone and grouped, a claim, a batch insert and a walk's first
+    page, each ready to be made on ``store`` (for tests of who may call a store)."""
+    return {
+        "get_run": lambda: store.get_run(run.id),
+        "list_runs": lambda: store.list_runs(),
+        "insert_run": lambda: store.insert_run(make_run()),
+        "claim_next_run": lambda: store.claim_next_run(),
+        "insert_jobs": lambda: store.insert_jobs(make_jobs(run, 2)),
+        "concurrent inserts": lambda: asyncio.gather(
+            *(store.insert_run(make_run()) for _ in range(8))
+        ),
+        "iter_jobs": lambda: first_job(store, run),
+    }

@@ -117,35 +117,41 @@ def test_every_job_status_is_written_as_its_value(status: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "job",
+    ("record", "says"),
     [
-        Job(uuid.uuid4(), EvalJob("a", "s", 0), status=JobStatus.DONE),
-        Job(uuid.uuid4(), EvalJob("a", "s", 0), status=cast(JobStatus, "done")),
-        Job(uuid.uuid4(), EvalJob("a", "s", 0), outcome=JobOutcome(uuid.uuid4())),
+        (
+            Job(uuid.uuid4(), EvalJob("a", "s", 0), status=JobStatus.DONE),
+            "a new job has no outcome",
+        ),
+        (Job(uuid.uuid4(), EvalJob("a", "s", 0), status=cast(JobStatus, "done")), "no outcome"),
+        (Job(uuid.uuid4(), EvalJob("a", "s", 0), outcome=JobOutcome(uuid.uuid4())), "no outcome"),
+        (Run("m", ["a"], 1, 2, done_count=1), "but a new run has no jobs yet"),
+        (Run("m", ["a"], 1, 0, status=RunStatus.DONE), "but a new run has no jobs yet"),
+        (Run("m", ["a"], 1, 0, status=cast(RunStatus, "done")), "but a new run has no jobs yet"),
     ],
-    ids=["done", "done-value", "outcome"],
-)
-def test_fast_and_checked_paths_refuse_a_job_inserted_done_alike(job: Job) -> None:
-    """A new job cannot be done or carry an outcome; both paths say so in the same words."""
-    message = _refusal(_codec._checked_job_params, job)
-    assert "but a new job has no outcome yet" in message
-    assert _refusal(_codec.job_params, job) == message
-
-
-@pytest.mark.parametrize(
-    "run",
-    [
-        Run("m", ["a"], 1, 2, done_count=1),
-        Run("m", ["a"], 1, 0, status=RunStatus.DONE),
-        Run("m", ["a"], 1, 0, status=cast(RunStatus, "done")),
+    ids=[
+        "job-done",
+        "job-done-value",
+        "job-outcome",
+        "run-done-count",
+        "run-done",
+        "run-done-value",
     ],
-    ids=["done-count", "done", "done-value"],
 )
-def test_fast_and_checked_paths_refuse_a_run_inserted_in_progress_alike(run: Run) -> None:
-    """A new run has no jobs, so none done; both paths say so in the same words."""
-    message = _refusal(_codec._checked_run_params, run)
-    assert "but a new run has no jobs yet" in message
-    assert _refusal(_codec.run_params, run) == message
+def test_fast_and_checked_paths_refuse_a_record_in_progress_alike(
+    record: Job | Run, says: str
+) -> None:
+    """A new job cannot be done or carry an outcome, and a new run has none done: both paths
+    refuse, in the same words."""
+    fast: Callable[[Any], object]
+    checked: Callable[[Any], object]
+    if isinstance(record, Job):
+        fast, checked = _codec.job_params, _codec._checked_job_params
+    else:
+        fast, checked = _codec.run_params, _codec._checked_run_params
+    message = _refusal(checked, record)
+    assert says in message
+    assert _refusal(fast, record) == message
 
 
 @pytest.mark.parametrize(

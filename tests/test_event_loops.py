@@ -16,31 +16,14 @@ import pytest
 
 from control_store import Run, Store, WrongEventLoopError
 
-from conftest import make_jobs, make_run
+from conftest import make_run, one_call_of_each_kind
 
 CALL_TIMEOUT = 10.0  # a call that hangs fails the test instead of CI
 
 
-async def _first_job(store: Store, run: Run) -> object:
-    async for job in store.iter_jobs(run.id):
-        return job
-    return None
-
-
 def _calls(store: Store, run: Run) -> dict[str, Callable[[], Awaitable[object]]]:
-    """One call of each kind: reads, writes (alone and grouped), a walk, and close."""
-    return {
-        "get_run": lambda: store.get_run(run.id),
-        "list_runs": lambda: store.list_runs(),
-        "insert_run": lambda: store.insert_run(make_run()),
-        "claim_next_run": lambda: store.claim_next_run(),
-        "insert_jobs": lambda: store.insert_jobs(make_jobs(run, 2)),
-        "concurrent inserts": lambda: asyncio.gather(
-            *(store.insert_run(make_run()) for _ in range(8))
-        ),
-        "iter_jobs": lambda: _first_job(store, run),
-        "close": lambda: store.close(),
-    }
+    """One call of each kind, and close()."""
+    return {**one_call_of_each_kind(store, run), "close": lambda: store.close()}
 
 
 async def _refused(calls: dict[str, Callable[[], Awaitable[object]]]) -> dict[str, str]:

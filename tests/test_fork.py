@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import warnings
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,29 +19,16 @@ import pytest
 from control_store import Store, StoreClosedError
 from control_store.models import Run
 
-from conftest import make_jobs, make_run
+from conftest import make_jobs, make_run, one_call_of_each_kind
 
 # Each of the child's calls is given this long: a call that hangs fails the test, not CI.
 CALL_TIMEOUT = 10.0
 
 
-async def _first_job(store: Store, run: Run) -> object:
-    async for job in store.iter_jobs(run.id):
-        return job
-    return None
-
-
 async def _child(store: Store, run: Run, path: Path | None) -> dict[str, Any]:
     """In the forked child: every kind of call on the inherited store, then a store of its own."""
     refused: dict[str, str] = {}
-    calls: dict[str, Callable[[], Awaitable[object]]] = {
-        "get_run": lambda: store.get_run(run.id),
-        "list_runs": lambda: store.list_runs(),
-        "insert_run": lambda: store.insert_run(make_run()),
-        "claim_next_run": lambda: store.claim_next_run(),
-        "insert_jobs": lambda: store.insert_jobs(make_jobs(run, 2)),
-        "iter_jobs": lambda: _first_job(store, run),
-    }
+    calls = one_call_of_each_kind(store, run)
     for name, call in calls.items():
         try:
             await asyncio.wait_for(call(), CALL_TIMEOUT)
