@@ -314,8 +314,8 @@ def _checked_outcome_json(outcome: JobOutcome) -> str:
             raise InvalidInputError(f"{where}: score must be a float or None, got {score!r}")
         if isinstance(score, int) and not -_FLOAT_MAX <= score <= _FLOAT_MAX:
             raise InvalidInputError(
-                f"{where}: score {score} is too large for a float, which JSON keeps it as; "
-                "pass a float"
+                f"{where}: score is an int of {len(str(abs(score)))} digits, too large for the "
+                "float it is kept as; pass a float"
             )
         if not math.isfinite(score):
             raise InvalidInputError(
