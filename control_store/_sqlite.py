@@ -520,9 +520,42 @@ def on_thread(conn: aiosqlite.Connection, fn: Callable[[], T]) -> asyncio.Future
     """
     if not conn._running or conn._connection is None:
         raise ValueError("Connection closed")
-    future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-    conn._tx.put_nowait((future, fn))
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+    conn._tx.put_nowait((None, partial(_deliver, loop, future, fn)))  # no future: see _deliver
     return future
+
+
+def _deliver(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future[T], fn: Callable[[], T]
+) -> None:
+    """On the worker thread: run ``fn`` and hand its result, or its error, to ``future``.
+
+    aiosqlite would hand them over itself, given the future; but if the loop closed meanwhile
+    (asyncio.run ended with this call in flight), its call_soon_threadsafe raises on the worker
+    thread and ends the thread, printing a traceback, and every later function put on the
+    queue (the store's close when it is collected) would wait forever. No one can await a
+    future of a closed loop, so here the outcome is dropped instead, and the thread goes on.
+    """
+    try:
+        result = fn()
+    except BaseException as exc:  # handed to the caller, as aiosqlite does
+        settle: Callable[..., None] = _settle_exception
+        value: object = exc
+    else:
+        settle, value = _settle_result, result
+    with contextlib.suppress(RuntimeError):  # "Event loop is closed": nobody is waiting
+        loop.call_soon_threadsafe(settle, future, value)
+
+
+def _settle_result(future: asyncio.Future[Any], value: object) -> None:
+    if not future.done():  # a cancelled caller's future stays cancelled
+        future.set_result(value)
+
+
+def _settle_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ thread died completing it and every later call, on any loop, waited forever.
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import warnings
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -105,3 +107,40 @@ def test_a_store_is_refused_in_a_later_asyncio_run_and_closes_on_its_own_loop(ur
         own.run_until_complete(store.close())
     finally:
         own.close()
+
+
+def test_a_loop_closed_with_a_call_in_flight_leaves_the_worker_thread_running(
+    tmp_path: Path,
+) -> None:
+    """asyncio.run ending while a call runs on the worker thread: its result has no one to go
+    to and is dropped, and the thread lives on (it used to die with a traceback, so that the
+    store's own close, when collected, waited forever); collecting the store stops it."""
+    release = threading.Event()
+    in_flight: list[asyncio.Future[object]] = []
+
+    async def start() -> tuple[Store, threading.Thread]:
+        store = await Store.connect(tmp_path / "control.db")
+        backend = store._backend
+        assert backend is not None
+        in_flight.append(asyncio.ensure_future(backend.read(lambda c: release.wait(CALL_TIMEOUT))))
+        await asyncio.sleep(0)  # the call is on the worker's queue when the loop ends
+        return store, backend._conn._thread
+
+    store, thread = asyncio.run(start())  # cancels the waiting task, then closes the loop
+    backend = store._backend
+    assert backend is not None
+    release.set()
+    after = threading.Event()  # runs on the worker after the call has been delivered
+    backend._conn._tx.put_nowait((None, after.set))
+    assert after.wait(CALL_TIMEOUT)
+    assert thread.is_alive()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        del store, backend
+        gc.collect()
+    messages = [str(w.message) for w in seen if w.category is ResourceWarning]
+    del seen  # a recorded warning keeps the backend, and so the thread's connection, alive
+    gc.collect()
+    assert any("was never closed" in m for m in messages), messages
+    thread.join(CALL_TIMEOUT)
+    assert not thread.is_alive()
