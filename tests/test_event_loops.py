@@ -126,7 +126,7 @@ def test_a_loop_closed_with_a_call_in_flight_leaves_the_worker_thread_running(
         await asyncio.sleep(0)  # the call is on the worker's queue when the loop ends
         return store, backend._conn._thread
 
-    store, thread = asyncio.run(start())  # cancels the waiting task, then closes the loop
+    store, thread = asyncio.run(start())  # the loop closes with the call still pending
     backend = store._backend
     assert backend is not None
     release.set()
