@@ -436,9 +436,9 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
 # tests/test_sqlite_backend.py, so an aiosqlite that changes them fails loudly, not oddly:
 #   _connection  the sqlite3.Connection, None once closed
 #   _running     False once the worker was told to stop
-#   _tx          the worker's queue of (future, zero-argument function); the worker calls the
-#                function and resolves the future on its loop (call_soon_threadsafe), skipping
-#                a future that is already done (a cancelled caller)
+#   _tx          the worker's queue of (future or None, zero-argument function); the worker
+#                calls the function and, given a future, resolves it on its loop. We give None
+#                and settle our own future (see _deliver), which survives a closed loop
 #   _thread      the worker, a threading.Thread not yet started until the connection is awaited
 #                (see daemon_worker)
 # and aiosqlite.core._STOP_RUNNING_SENTINEL, which a function returns to end the worker's loop
@@ -1313,9 +1313,8 @@ class SqliteBackend:
         keeps that check to an attribute comparison.
 
         From another event loop (WrongEventLoopError), the group commit's state and tasks are
-        the opening loop's, and are not thread-safe: a second loop's calls could wait forever,
-        and once a loop that had a call in flight closed, aiosqlite's thread died completing
-        it, and every later call waited forever (measured).
+        the opening loop's, and are not thread-safe: measured with four threads each running
+        its own loop on one store, three of them waited forever.
         """
         if self._pid != _Process.pid:
             raise StoreClosedError(
