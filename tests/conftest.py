@@ -233,6 +233,11 @@ def with_second_migration(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_migrate, "load_migrations", load)
 
 
+# What each call of the tests that probe who may call a store gets before it counts as hung:
+# a hang fails the test instead of stalling CI.
+CALL_TIMEOUT = 10.0
+
+
 async def first_job(store: Store, run: Run) -> Job | None:
     """The first job iter_jobs yields for ``run``: one page read."""
     async for job in store.iter_jobs(run.id):

@@ -18,9 +18,7 @@ import pytest
 
 from control_store import Run, Store, WrongEventLoopError
 
-from conftest import make_run, one_call_of_each_kind
-
-CALL_TIMEOUT = 10.0  # a call that hangs fails the test instead of CI
+from conftest import CALL_TIMEOUT, make_run, one_call_of_each_kind
 
 
 def _calls(store: Store, run: Run) -> dict[str, Callable[[], Awaitable[object]]]:

@@ -19,10 +19,7 @@ import pytest
 from control_store import Store, StoreClosedError
 from control_store.models import Run
 
-from conftest import make_jobs, make_run, one_call_of_each_kind
-
-# Each of the child's calls is given this long: a call that hangs fails the test, not CI.
-CALL_TIMEOUT = 10.0
+from conftest import CALL_TIMEOUT, make_jobs, make_run, one_call_of_each_kind
 
 
 async def _child(store: Store, run: Run, path: Path | None) -> dict[str, Any]:
