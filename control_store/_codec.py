@@ -40,9 +40,8 @@ _ONLY_STR: Final = {str}
 # From this many rows on, decoding a column at a time beats decoding row by row.
 _BATCH: Final = 8
 # msgspec also formats a UUID in C, in a quarter of the instructions of str() (a Python-level
-# __str__), and gives the same canonical text for uuid.UUID itself. A subclass may override
-# __str__, so the fast paths format only exact uuid.UUIDs this way and send subclasses to the
-# checked path's str().
+# __str__), and always from its 128-bit value: the canonical text, also for a subclass whose
+# __str__ says something else (stored as that, its row could never be found by a plain UUID).
 uuid_text: Final[Callable[[uuid.UUID], str]] = msgspec.to_builtins
 _UUID: Final = uuid.UUID
 
@@ -151,7 +150,7 @@ def _check_int(value: object, *, what: str, minimum: int = _INT64_MIN) -> None:
 def _check_uuid(value: object, *, what: str) -> str:
     if not isinstance(value, uuid.UUID):
         raise InvalidInputError(f"{what} must be a uuid.UUID, got {value!r}")
-    return str(value)
+    return uuid_text(value)
 
 
 def _check_str(value: object, *, what: str) -> None:
@@ -300,14 +299,13 @@ def outcome_params(outcome: JobOutcome) -> tuple[str, str]:
             except UnicodeEncodeError:  # a lone surrogate: _checked_outcome_json explains
                 pass
     payload = _checked_outcome_json(outcome)  # checks the type and the job id first
-    return (str(outcome.job_id), payload)
+    return (uuid_text(outcome.job_id), payload)
 
 
 def _checked_outcome_json(outcome: JobOutcome) -> str:
     if not isinstance(outcome, JobOutcome):
         raise InvalidInputError(f"expected a JobOutcome, got {type(outcome).__name__}: {outcome!r}")
-    where = f"outcome for job {outcome.job_id}"
-    _check_uuid(outcome.job_id, what="JobOutcome.job_id")
+    where = f"outcome for job {_check_uuid(outcome.job_id, what='JobOutcome.job_id')}"
     score = outcome.score
     if score is not None:
         if not isinstance(score, int | float) or isinstance(score, bool):

@@ -20,14 +20,16 @@ MigrationState = _sqlite.MigrationState
 
 
 def _id(value: object, *, what: str) -> str:
-    if type(value) is uuid.UUID:
-        return _codec.uuid_text(value)  # str()'s text, formatted in C
     if not isinstance(value, uuid.UUID):
-        raise InvalidInputError(
-            f"{what} must be a uuid.UUID, got {type(value).__name__}: {value!r}; "
-            f"wrap a string id as uuid.UUID({str(value)!r})"
+        fix = (
+            f"wrap the string as uuid.UUID({value!r})"
+            if isinstance(value, str)
+            else "pass the id of a Run or Job (a uuid.UUID), e.g. run.id"
         )
-    return str(value)  # a subclass may override __str__
+        raise InvalidInputError(
+            f"{what} must be a uuid.UUID, got {type(value).__name__}: {value!r}; {fix}"
+        )
+    return _codec.uuid_text(value)  # canonical, even for a subclass with its own __str__
 
 
 _INT64_MAX = 2**63 - 1

@@ -21,6 +21,7 @@ from control_store import (
     MissingRunError,
     NotFoundError,
     Run,
+    RunId,
     RunStatus,
     Store,
     StoreClosedError,
@@ -205,6 +206,41 @@ async def test_insert_jobs_keeps_each_jobs_own_run(store: Store) -> None:
     await store.insert_jobs(iter(jobs))
     for run in (a, b, c):
         assert await store.list_jobs(run.id) == [job for job in jobs if job.run_id == run.id]
+
+
+class _ShortId(uuid.UUID):
+    """A uuid.UUID subclass that prints itself its own way, as some codebases' id types do."""
+
+    def __str__(self) -> str:
+        return "id-" + self.hex[:8]
+
+
+async def test_ids_of_a_uuid_subclass_are_stored_as_their_canonical_text(store: Store) -> None:
+    """A UUID subclass with its own __str__ is stored under the id's canonical text, so plain
+    uuid.UUIDs find the rows and every later call reads them."""
+    run = msgspec.structs.replace(make_run(job_count=2), id=RunId(_ShortId(int=uuid.uuid4().int)))
+    jobs = [
+        Job(
+            _ShortId(int=run.id.int),
+            EvalJob("m", str(i), 0),
+            id=JobId(_ShortId(int=uuid.uuid4().int)),
+        )
+        for i in range(2)
+    ]
+    await store.insert_run(run)
+    await store.insert_jobs(jobs)
+    plain = uuid.UUID(int=run.id.int)
+    assert await store.get_run(plain) == run
+    assert await store.get_job(uuid.UUID(int=jobs[0].id.int)) == jobs[0]
+    assert (await store.claim_next_run()) == msgspec.structs.replace(run, status=RunStatus.RUNNING)
+    assert await store.record_job_outcome(run.id, JobOutcome(_ShortId(int=jobs[0].id.int)))
+    assert await store.record_job_outcomes(_ShortId(int=plain.int), [JobOutcome(jobs[1].id)]) == [
+        True
+    ]
+    assert (await store.get_run(plain)) == msgspec.structs.replace(
+        run, status=RunStatus.DONE, done_count=2
+    )
+    assert await store.check() == []
 
 
 async def test_a_missing_run_among_interleaved_runs_is_named(store: Store) -> None:
@@ -485,6 +521,10 @@ async def test_ids_must_be_uuids(store: Store) -> None:
     """A string where an id is expected is refused with the fix in the message."""
     with pytest.raises(InvalidInputError, match=r"uuid\.UUID\("):
         await store.get_run("0f8fad5b-d9cb-469f-a165-70867728950e")  # type: ignore[arg-type]
+    for not_an_id in (None, 123):  # no text to wrap: the fix is to pass a real id
+        with pytest.raises(InvalidInputError, match=r"pass the id of a Run or Job") as caught:
+            await store.get_run(not_an_id)  # type: ignore[arg-type]
+        assert "uuid.UUID(" not in str(caught.value)
     with pytest.raises(InvalidInputError, match="wrap a single job"):
         await store.insert_jobs(Job(uuid.uuid4(), EvalJob("m", "s", 0)))  # type: ignore[arg-type]
 
