@@ -59,6 +59,21 @@ class ControlError(Exception):
 
     retryable: bool = False
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Exception's own pickling calls type(*args): it cannot rebuild an error whose
+        # __init__ takes keyword-only fields (CorruptRowError), so an error raised in a
+        # ProcessPoolExecutor worker would break the pool instead of reaching the caller.
+        return (_restore, (type(self), self.args, self.__dict__))
+
+
+def _restore(
+    kind: type[ControlError], args: tuple[object, ...], state: dict[str, object]
+) -> ControlError:
+    """An error unpickled: its message and attributes, without calling its __init__ again."""
+    error = kind.__new__(kind, *args)  # BaseException.__new__ sets .args
+    error.__dict__.update(state)
+    return error
+
 
 class StoreClosedError(ControlError):
     """A call was made on a store that has been closed, or in a process forked from the one

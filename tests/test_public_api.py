@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
+import pickle
 import subprocess
 import sys
 
@@ -58,3 +60,27 @@ def test_importing_the_package_stays_light() -> None:
         [sys.executable, "-c", code], check=True, capture_output=True, text=True
     ).stdout
     assert out.strip() == "[]"
+
+
+def _an_instance_of(kind: type[errors.ControlError]) -> errors.ControlError:
+    """An error as the store raises it: message, keyword fields, an instance attribute."""
+    if kind is errors.CorruptRowError:
+        return kind("bad cell", table="runs", column="epochs", row_id="r1", value=-1)
+    if kind is errors.PendingMigrationError:
+        return kind("old schema", found=1, needed=2, pending=((2, "job rows"),))
+    error = kind(f"a {kind.__name__}")
+    error.retryable = True  # set on the instance, as translate() does for StorageError
+    return error
+
+
+def test_every_error_survives_pickle_and_copy() -> None:
+    """Every error, keyword-only fields included, crosses a process boundary (a
+    ProcessPoolExecutor pickles what a worker raises) and copy.copy, unchanged."""
+    for name in errors.__all__:
+        kind = getattr(errors, name)
+        original = _an_instance_of(kind)
+        # S301: these bytes come from pickle.dumps two calls earlier, not from outside.
+        for copied in (pickle.loads(pickle.dumps(original)), copy.copy(original)):  # noqa: S301
+            assert type(copied) is kind
+            assert copied.args == original.args
+            assert vars(copied) == vars(original)
