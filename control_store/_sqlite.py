@@ -111,6 +111,11 @@ WHERE rowid IN (
 RETURNING {_codec.CLAIMED_COLUMNS}
 """
 
+# A claim whose caller was cancelled before it received the runs gives them back (see
+# SqliteBackend.write's undo): only while still running, which they stay until that caller, the
+# only one who could have worked on them, records their jobs.
+RELEASE_RUN: Final = "UPDATE runs SET status = 'queued' WHERE id = ? AND status = 'running'"
+
 # The record's guard: only a job of this run that is not yet done changes, so a redelivered
 # outcome (at-least-once delivery) changes nothing and the first delivery wins.
 MARK_JOB_DONE: Final = """
@@ -1039,6 +1044,18 @@ def op_claim_next_run(conn: sqlite3.Connection) -> Run | None:
     return runs[0] if runs else None
 
 
+def release_claimed(runs: Run | list[Run] | None) -> Op[None] | None:
+    """The op giving back runs a cancelled caller claimed but never received (None: no run)."""
+    if runs is None or runs == []:
+        return None
+    ids = [(_codec.uuid_text(run.id),) for run in (runs if isinstance(runs, list) else [runs])]
+    return partial(_release_runs, ids)
+
+
+def _release_runs(ids: list[tuple[str]], conn: sqlite3.Connection) -> None:
+    conn.executemany(RELEASE_RUN, ids)
+
+
 def op_claim_runs(limit: int, conn: sqlite3.Connection) -> list[Run]:
     rows = _claim(conn, CLAIM_RUNS, (limit,))
     # (created_at, rowid): the subquery's order. A created_at that is not text can make the
@@ -1169,7 +1186,7 @@ class SqliteBackend:
             raise StoreClosedError(f"the connection to {database} closed while opening")
         self._worker = _Worker(raw, database=database, busy_timeout=options.busy_timeout)
         self._database = database
-        self._pending: list[tuple[Op[Any], asyncio.Future[Any]]] = []
+        self._pending: list[tuple[_Ticket, asyncio.Future[tuple[bool, Any]]]] = []
         self._writing = False
         self._flusher: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()  # set while no write is in flight or queued
@@ -1359,11 +1376,24 @@ class SqliteBackend:
         """
         return self._inline and not self._closing and self._worker.lock.acquire(blocking=False)
 
-    async def write(self, op: Op[T], *, small: bool = False) -> T:
+    async def write(
+        self,
+        op: Op[T],
+        *,
+        small: bool = False,
+        undo: Callable[[T], Op[object] | None] | None = None,
+    ) -> T:
         """Run ``op`` in a write transaction, grouped with any writes waiting meanwhile.
 
         ``small``: as for read(); inline, the call is its own transaction (in memory a commit
         costs no fsync, so grouping would buy nothing).
+
+        Cancellation: a caller cancelled before its op started (queued behind another call of
+        this store, or behind the group in flight) is withdrawn, and its op never runs. Once it
+        started, the op commits or fails as it would have. ``undo`` is for an op whose effect
+        only its caller can use (a claim): cancelled after the op started, the caller then
+        waits for it, and if it committed, runs ``undo(result)`` (if not None) to take the
+        effect back, so no run is left claimed by a task that never received it.
         """
         self.refuse_foreign()
         if self.read_only:  # Store names the method first; this guards any other caller
@@ -1371,64 +1401,77 @@ class SqliteBackend:
                 f"{self._database} was opened with read_only=True and refuses writes; "
                 "nothing was written: connect again without read_only to write"
             )
+        ok, value, cancelled = await self._transact(op, small, wait=undo is not None)
+        if cancelled is not None:
+            if ok and undo is not None:
+                back = undo(value)
+                if back is not None:
+                    # Failing (the store closing, the lock busy past busy_timeout), the effect
+                    # stays; the caller's cancellation goes on either way.
+                    with contextlib.suppress(ControlError):
+                        await _wait_out(self.write(back, small=True))
+            raise cancelled
+        if ok:
+            return cast(T, value)
+        raise value
+
+    async def _transact(
+        self, op: Op[Any], small: bool, *, wait: bool
+    ) -> tuple[bool, Any, asyncio.CancelledError | None]:
+        """(ok, result or error, None), or, for a caller cancelled after its op started and
+        ``wait``, (ok, result or error, the cancellation) once the op has ended."""
         if small and self._inline_ok():
             try:
                 ok, value = self._worker.transact_one_locked(op)
             finally:
                 self._worker.lock.release()
-            await _suspend()
-            if ok:
-                return cast(T, value)
-            raise value
+            try:
+                await _suspend()
+            except asyncio.CancelledError as exc:  # the op has committed (or failed) already
+                return ok, value, exc
+            return ok, value, None
+        ticket = [op]  # what the worker pops to start the op, or the caller to withdraw it
         if self._writing:
-            future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-            self._pending.append((op, future))
-            return await future
+            future: asyncio.Future[tuple[bool, Any]] = self._loop.create_future()
+            self._pending.append((ticket, future))
+            return await _outcome(future, ticket, wait=wait)
         # Nobody is writing: go straight to the thread, and let writers that arrive meanwhile
         # queue up for one group transaction after this one.
         self._writing = True
         self._idle.clear()
         try:
-            ok, value = await on_thread(self._conn, partial(self._worker.transact_one, op))
-        except Exception as exc:
-            self._worker.raise_(exc)
+            try:
+                started = on_thread(self._conn, partial(self._worker.transact_one, ticket))
+            except Exception as exc:
+                self._worker.raise_(exc)
+            return await _outcome(started, ticket, wait=wait)
         finally:
             self._writing = False
             if self._pending:
                 self._start_flusher()
             else:
                 self._idle.set()
-        if ok:
-            return cast(T, value)
-        raise value
 
     def _start_flusher(self) -> None:
         self._writing = True
         self._flusher = asyncio.get_running_loop().create_task(self._flush())
 
     async def _flush(self) -> None:
-        batch: list[tuple[Op[Any], asyncio.Future[Any]]] = []
+        batch: list[tuple[_Ticket, asyncio.Future[tuple[bool, Any]]]] = []
         try:
             while self._pending:
-                # A caller cancelled before its turn is dropped: its call takes no effect.
-                batch = [(op, fut) for op, fut in self._pending if not fut.done()]
+                # A caller cancelled before its turn has withdrawn its ticket: left out.
+                batch = [(ticket, fut) for ticket, fut in self._pending if ticket]
                 self._pending = []
                 if not batch:
                     continue
-                ops = [op for op, _ in batch]
+                tickets = [ticket for ticket, _ in batch]
                 try:
-                    results = await on_thread(self._conn, partial(self._worker.transact, ops))
+                    results = await on_thread(self._conn, partial(self._worker.transact, tickets))
                 except Exception as exc:
-                    for _, fut in batch:
-                        if not fut.done():
-                            fut.set_exception(self._worker.translate(exc))
-                    continue
-                for (_, fut), (ok, value) in zip(batch, results, strict=True):
-                    if not fut.done():
-                        if ok:
-                            fut.set_result(value)
-                        else:
-                            fut.set_exception(value)
+                    results = [(False, self._worker.translate(exc)) for _ in batch]
+                for (_, fut), result in zip(batch, results, strict=True):
+                    fut.set_result(result)
             batch = []
         finally:
             self._writing = False
@@ -1438,17 +1481,63 @@ class SqliteBackend:
             # still waiting must not hang. A batch already on the thread may have committed.
             for _, fut in batch:
                 if not fut.done():
-                    fut.set_exception(
-                        StoreClosedError(
-                            f"the store for {self._database} stopped writing while this call "
-                            "was in flight (its event loop is shutting down); the write may "
-                            "have committed: check before retrying"
+                    fut.set_result(
+                        (
+                            False,
+                            StoreClosedError(
+                                f"the store for {self._database} stopped writing while this "
+                                "call was in flight (its event loop is shutting down); the "
+                                "write may have committed: check before retrying"
+                            ),
                         )
                     )
             for _, fut in self._pending:
                 if not fut.done():
-                    fut.set_exception(StoreClosedError(f"the store for {self._database} closed"))
+                    closed = StoreClosedError(f"the store for {self._database} closed")
+                    fut.set_result((False, closed))
             self._pending = []
+
+
+# A write's op, in a one-element list: the worker pops it to start the op, a cancelled caller
+# pops it to withdraw the op. list.pop is one step under the GIL, so exactly one of the two
+# gets it, and the caller knows whether its op ran.
+_Ticket = list[Op[Any]]
+_WITHDRAWN: Final = (False, None)  # the result of a withdrawn op, which no one awaits
+
+
+def _withdraw(ticket: _Ticket) -> bool:
+    """Take the op back before the worker starts it; False if it has started."""
+    try:
+        ticket.pop()
+    except IndexError:
+        return False
+    return True
+
+
+async def _outcome(
+    future: asyncio.Future[tuple[bool, Any]], ticket: _Ticket, *, wait: bool
+) -> tuple[bool, Any, asyncio.CancelledError | None]:
+    """The write's (ok, value, None); if its caller is cancelled, the op is withdrawn, or with
+    ``wait`` its end is awaited and returned with the cancellation. The future is shielded:
+    cancelling the caller must not cancel it, which would drop the op's result."""
+    try:
+        ok, value = await asyncio.shield(future)
+    except asyncio.CancelledError as exc:
+        if _withdraw(ticket) or not wait:
+            raise
+        ok, value = await _wait_out(future)
+        return ok, value, exc
+    return ok, value, None
+
+
+async def _wait_out(awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable`` to its end through any number of cancellations of the caller, which
+    is already being cancelled and re-raises that afterwards (see SqliteBackend.write)."""
+    task = asyncio.ensure_future(awaitable)
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(task)
+    return task.result()
 
 
 class _Worker:
@@ -1494,13 +1583,18 @@ class _Worker:
         except Exception as exc:
             self.raise_(exc)
 
-    def transact_one(self, op: Op[Any]) -> tuple[bool, Any]:
-        """On the thread: run one op in its own BEGIN IMMEDIATE transaction and commit.
+    def transact_one(self, ticket: _Ticket) -> tuple[bool, Any]:
+        """On the thread: run the ticket's op in its own BEGIN IMMEDIATE transaction and commit,
+        unless its caller withdrew it (see _Ticket).
 
         The common case (one caller at a time) with no savepoint: the op's error rolls back the
         whole transaction, which holds nothing else.
         """
         with self.lock:
+            try:
+                op = ticket.pop()
+            except IndexError:
+                return _WITHDRAWN
             return self.transact_one_locked(op)
 
     def transact_one_locked(self, op: Op[Any]) -> tuple[bool, Any]:
@@ -1524,17 +1618,24 @@ class _Worker:
             return (False, self.translate(exc))
         return (True, result)
 
-    def transact(self, ops: Sequence[Op[Any]]) -> list[tuple[bool, Any]]:
-        """On the thread: run ``ops`` in one BEGIN IMMEDIATE transaction and one commit.
+    def transact(self, tickets: Sequence[_Ticket]) -> list[tuple[bool, Any]]:
+        """On the thread: run the tickets' ops in one BEGIN IMMEDIATE transaction and one commit.
 
         Returns (True, result) or (False, error) per op. Each op runs in its own savepoint, so
         a failing op rolls back only itself; an error that ends the transaction itself (disk
-        full, I/O) or a failed COMMIT fails every op, none of which took effect.
+        full, I/O) or a failed COMMIT fails every op, none of which took effect. An op whose
+        caller withdrew it (see _Ticket) does not run.
         """
         with self.lock:
+            ops: list[Op[Any] | None] = []
+            for ticket in tickets:
+                try:
+                    ops.append(ticket.pop())
+                except IndexError:
+                    ops.append(None)
             return self.transact_locked(ops)
 
-    def transact_locked(self, ops: Sequence[Op[Any]]) -> list[tuple[bool, Any]]:
+    def transact_locked(self, ops: Sequence[Op[Any] | None]) -> list[tuple[bool, Any]]:
         conn = self.raw
         try:
             conn.execute("BEGIN IMMEDIATE")  # IMMEDIATE: see transact_one
@@ -1544,6 +1645,9 @@ class _Worker:
         try:
             self.refuse_replaced_file()
             for op in ops:
+                if op is None:  # withdrawn
+                    results.append(_WITHDRAWN)
+                    continue
                 conn.execute("SAVEPOINT group_commit")
                 result = self.attempt(op, conn)
                 if not result[0] and not conn.in_transaction:

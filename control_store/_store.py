@@ -286,7 +286,9 @@ class Store:
         No two claimers, in this process or any other on the same database, get the same run.
         """
         backend = self._writable("claim_next_run")
-        return await backend.write(_sqlite.op_claim_next_run, small=True)
+        return await backend.write(
+            _sqlite.op_claim_next_run, small=True, undo=_sqlite.release_claimed
+        )
 
     async def record_job_outcome(self, run_id: uuid.UUID, outcome: JobOutcome) -> bool:
         """Record a job's outcome once; True if newly recorded, False for a redelivery.
@@ -315,7 +317,9 @@ class Store:
                 "use claim_next_run() for a single run"
             )
         op = partial(_sqlite.op_claim_runs, limit)
-        return await backend.write(op, small=limit <= _SMALL_BATCH)
+        return await backend.write(
+            op, small=limit <= _SMALL_BATCH, undo=_sqlite.release_claimed
+        )
 
     async def record_job_outcomes(
         self, run_id: uuid.UUID, outcomes: Iterable[JobOutcome]

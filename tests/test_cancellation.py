@@ -5,15 +5,17 @@ from __future__ import annotations
 import asyncio
 import random
 import sqlite3
+import threading
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-from control_store import JobOutcome, JobStatus, Run, RunStatus, Store
+from control_store import JobOutcome, JobStatus, Run, RunStatus, Store, _sqlite
 
-from conftest import make_jobs, make_run, sized
+from conftest import CALL_TIMEOUT, make_jobs, make_run, sized
 
 JOBS_PER_RUN = 10
 
@@ -98,6 +100,8 @@ async def test_cancelling_a_third_of_the_calls_in_flight_leaves_each_whole_or_ab
     assert len(set(claimed)) == len(claimed)  # no run handed out twice
     queued = {run.id for run in await store.list_runs(status=RunStatus.QUEUED)}
     assert not queued & set(claimed)  # each claim returned took effect
+    running = {run.id for run in await store.list_runs(status=RunStatus.RUNNING)}
+    assert running <= set(claimed)  # a cancelled claim gave its run back
     assert await store.check() == []  # every record counted exactly when its job is done
 
     # The store carries on: a write, a claim and a record after all that.
@@ -110,3 +114,104 @@ async def test_cancelling_a_third_of_the_calls_in_flight_leaves_each_whole_or_ab
         status=RunStatus.QUEUED
     )
     assert await store.check() == []
+
+
+def _statuses(store: Store) -> dict[str, int]:
+    """Runs by status, read synchronously on the loop's thread: what the store holds right now,
+    without an await that would let a task under test move on."""
+    backend = store._backend
+    assert backend is not None
+    conn = (
+        sqlite3.connect(f"file:{backend._worker.path}?mode=ro", uri=True)
+        if backend._worker.path
+        else None
+    )
+    source = conn if conn is not None else backend._worker.raw
+    try:
+        return dict(source.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall())
+    finally:
+        if conn is not None:
+            conn.close()
+
+
+@pytest.mark.parametrize("behind", ["a read", "a write"])
+async def test_a_claim_cancelled_before_it_starts_claims_nothing(
+    db_path: Path, behind: str
+) -> None:
+    """A claim cancelled while it waits behind another call of its store never runs: its runs
+    stay queued for the next claimer, whether it waited alone or in the group commit's queue."""
+    async with Store.connect(db_path) as store:
+        for _ in range(2):
+            await store.insert_run(make_run())
+        backend = store._backend
+        assert backend is not None
+        gate = threading.Event()
+        occupied = _sqlite.on_thread(backend._conn, lambda: gate.wait(CALL_TIMEOUT))
+        try:
+            ahead = None
+            if behind == "a write":  # becomes the write in flight: the claim queues for a group
+                ahead = asyncio.ensure_future(store.insert_run(make_run()))
+                await asyncio.sleep(0)
+            claim = asyncio.ensure_future(store.claim_runs(2))
+            await asyncio.sleep(0)
+            claim.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await claim
+        finally:
+            gate.set()
+        await occupied
+        if ahead is not None:
+            await ahead
+        assert RunStatus.RUNNING.value not in _statuses(store)
+        assert len(await store.claim_runs(3)) == (2 if ahead is None else 3)
+
+
+async def test_a_claim_cancelled_on_the_thread_gives_its_runs_back(db_path: Path) -> None:
+    """A claim cancelled while its transaction runs still commits, and then gives its runs
+    back: no run stays claimed by a task that never received it."""
+    async with Store.connect(db_path) as store:
+        runs = [make_run() for _ in range(3)]
+        for run in runs:
+            await store.insert_run(run)
+        backend = store._backend
+        assert backend is not None
+        inside, gate = threading.Event(), threading.Event()
+
+        def hold_the_claim(statement: str) -> None:  # on the worker thread, mid-transaction
+            if statement.lstrip().startswith("UPDATE runs SET status = 'running'"):
+                inside.set()
+                gate.wait(CALL_TIMEOUT)
+
+        await backend.read(lambda conn: conn.set_trace_callback(hold_the_claim))
+        claim = asyncio.ensure_future(store.claim_runs(2))
+        try:
+            assert await asyncio.to_thread(inside.wait, CALL_TIMEOUT)
+            claim.cancel()
+            await asyncio.sleep(0)
+            assert not claim.done()  # it waits for its transaction, to give the runs back
+        finally:
+            gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await claim
+        await backend.read(lambda conn: conn.set_trace_callback(None))
+        assert _statuses(store) == {RunStatus.QUEUED.value: 3}
+        claimed = await store.claim_runs(3)
+        assert [run.id for run in claimed] == [run.id for run in runs]  # oldest first, as before
+
+
+async def test_a_claim_cancelled_after_running_inline_gives_its_run_back() -> None:
+    """In memory a claim runs inline, before its first await; cancelled at that await, it has
+    claimed its run, and gives it back."""
+    async with Store.in_memory() as store:
+        run = make_run()
+        await store.insert_run(run)
+        claim = asyncio.ensure_future(store.claim_next_run())
+        await asyncio.sleep(0)  # the claim ran, and yields once before returning
+        assert _statuses(store) == {RunStatus.RUNNING.value: 1}
+        claim.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await claim
+        assert _statuses(store) == {RunStatus.QUEUED.value: 1}
+        assert await store.claim_next_run() == msgspec.structs.replace(
+            run, status=RunStatus.RUNNING
+        )
