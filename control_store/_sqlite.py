@@ -1196,6 +1196,7 @@ class SqliteBackend:
         # most of their cost. Set by open(); file databases always hop.
         self._inline = False
         self._closing = False
+        self._closer: asyncio.Task[None] | None = None
         # write() refuses at once on a read-only store, and SQLite itself would too.
         self.read_only = options.read_only
         # A store belongs to the process and the event loop that opened it: see refuse_foreign.
@@ -1295,11 +1296,26 @@ class SqliteBackend:
             # to take a close, which would wait forever).
             self._closing = True
             return
+        if self._closer is not None and self._closer.done():
+            return  # closed: nothing to wait for, whichever loop asks
         self.refuse_foreign()
-        self._closing = True  # calls that arrive from now on hop, and meet the closed connection
-        await self._idle.wait()
-        with contextlib.suppress(Exception):
-            await self._conn.close()
+        if self._closer is None:
+            self._closing = (
+                True  # calls that arrive from now on hop, and meet the closed connection
+            )
+            self._closer = self._loop.create_task(self._close())
+        # Shielded: a close whose caller is cancelled (a wait_for that timed out) still finishes,
+        # and a second close, from another task, returns only once the first has finished.
+        await asyncio.shield(self._closer)
+
+    async def _close(self) -> None:
+        try:
+            await self._idle.wait()
+            with contextlib.suppress(Exception):
+                await self._conn.close()
+        finally:
+            if self._conn._running:  # cancelled itself (the loop shutting down): end the thread
+                stop_worker(self._conn)
 
     # Ops are plain functions of the connection, never bound methods of the backend: see _Worker.
     def migrate_op(self) -> Op[list[int]]:

@@ -133,6 +133,7 @@ class Store:
 
     def __init__(self, backend: _sqlite.SqliteBackend) -> None:
         self._backend: _sqlite.SqliteBackend | None = backend
+        self._closed: _sqlite.SqliteBackend | None = None  # once closing: what close() awaits
 
     @staticmethod
     def connect(url: str | os.PathLike[str], **options: Any) -> _Connecting:
@@ -187,14 +188,17 @@ class Store:
         Only from the event loop that opened the store (else WrongEventLoopError, and the store
         stays open); in a process forked from the opener, it only forgets the inherited copy.
         """
-        backend, self._backend = self._backend, None
-        if backend is not None:
-            try:
-                await backend.close()
-            except WrongEventLoopError:
-                # Refused before its first await, so before anything changed: still open.
-                self._backend = backend
-                raise
+        was_open = self._backend is not None
+        backend = self._backend or self._closed
+        if backend is None:
+            return
+        self._backend, self._closed = None, backend
+        try:
+            await backend.close()  # a second close waits for the first (see backend.close)
+        except WrongEventLoopError:
+            if was_open:  # refused before its first await, so before anything changed
+                self._backend, self._closed = backend, None
+            raise
 
     def _open(self) -> _sqlite.SqliteBackend:
         if self._backend is None:
@@ -317,9 +321,7 @@ class Store:
                 "use claim_next_run() for a single run"
             )
         op = partial(_sqlite.op_claim_runs, limit)
-        return await backend.write(
-            op, small=limit <= _SMALL_BATCH, undo=_sqlite.release_claimed
-        )
+        return await backend.write(op, small=limit <= _SMALL_BATCH, undo=_sqlite.release_claimed)
 
     async def record_job_outcomes(
         self, run_id: uuid.UUID, outcomes: Iterable[JobOutcome]

@@ -215,3 +215,51 @@ async def test_a_claim_cancelled_after_running_inline_gives_its_run_back() -> No
         assert await store.claim_next_run() == msgspec.structs.replace(
             run, status=RunStatus.RUNNING
         )
+
+
+def _thread_of(store: Store) -> threading.Thread:
+    backend = store._backend
+    assert backend is not None
+    thread = backend._conn._thread
+    assert thread is not None
+    return thread
+
+
+async def test_a_second_close_waits_for_the_first(db_path: Path) -> None:
+    """Two tasks closing one store (a shutdown task and an ``async with`` exit): the second
+    returns only once the first has let the queued writes commit and closed the connection."""
+    store = await Store.connect(db_path)
+    thread = _thread_of(store)
+    runs = [make_run() for _ in range(20)]
+    writes = [asyncio.ensure_future(store.insert_run(run)) for run in runs]
+    await asyncio.sleep(0)
+    first = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0)
+    await store.close()
+    assert all(write.done() for write in writes)
+    assert not thread.is_alive()
+    await asyncio.gather(first, *writes)
+    async with Store.connect(db_path, read_only=True) as reader:
+        assert len(await reader.list_runs()) == len(runs)
+
+
+async def test_a_cancelled_close_still_closes(db_path: Path) -> None:
+    """A close whose caller is cancelled (a wait_for that timed out) finishes anyway: the
+    queued writes commit and the connection and its thread end; close() again returns."""
+    store = await Store.connect(db_path)
+    thread = _thread_of(store)
+    runs = [make_run() for _ in range(20)]
+    writes = [asyncio.ensure_future(store.insert_run(run)) for run in runs]
+    await asyncio.sleep(0)
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert store.closed
+    await asyncio.gather(*writes)
+    await asyncio.to_thread(thread.join, CALL_TIMEOUT)
+    assert not thread.is_alive()
+    await store.close()
+    async with Store.connect(db_path, read_only=True) as reader:
+        assert len(await reader.list_runs()) == len(runs)
