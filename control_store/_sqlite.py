@@ -314,6 +314,11 @@ def parse_url(url: str | os.PathLike[str]) -> str:
     """
     if isinstance(url, os.PathLike):
         path = os.fspath(url)
+        if not isinstance(path, str):
+            raise ConfigurationError(
+                f"path {url!r} gives {type(path).__name__}, not str; pass a str path, e.g. "
+                "os.fsdecode() of it"
+            )
     elif isinstance(url, str):
         match = _SCHEME.match(url)
         scheme = match.group(1).lower() if match else None
@@ -352,15 +357,50 @@ def parse_url(url: str | os.PathLike[str]) -> str:
         return MEMORY
     if not path:
         raise ConfigurationError("the database path is empty; name a file, e.g. control.db")
+    if "\0" in path:
+        raise ConfigurationError(
+            f"the database path {path!r} holds a NUL character, which no file name can; "
+            "check where the path was built"
+        )
+    if path.startswith("file:"):
+        # SQLite (built with SQLITE_USE_URI, as most are) reads a name starting with "file:" as
+        # a URI and opens another file ("file:x.db" is "x.db"); "./file:x.db" is just a name.
+        path = os.path.join(os.curdir, path)
+    try:
+        _check_place(path)
+    except OSError as exc:  # the path cannot even be looked at: too long, not searchable
+        raise _unreachable(path, exc) from exc
+    return path
+
+
+def _unreachable(path: str, exc: OSError) -> ControlError:
+    """The error for a path the file system refuses to look at (os.stat failed)."""
+    message = (
+        f"cannot open {path!r}: {exc.strerror or exc}; check the path, and that this user may "
+        "enter every directory on it"
+    )
+    if not isinstance(exc, PermissionError):
+        return ConfigurationError(message)
+    error = StorageError(message)  # as a write-protected file: cured outside, then retried
+    error.retryable = True
+    return error
+
+
+def _check_place(path: str) -> None:
+    """Refuse a path whose directory is missing or not a directory, or that is a directory."""
     directory = Path(path).parent
     if not directory.is_dir():
+        if directory.exists():
+            raise ConfigurationError(
+                f"cannot open {path!r}: {str(directory)!r} is a file, not a directory; "
+                "name a file in a directory"
+            )
         raise ConfigurationError(
             f"cannot open {path!r}: directory {str(directory)!r} does not exist; create it first "
             "(the store creates the file, not its directory)"
         )
     if Path(path).is_dir():
         raise ConfigurationError(f"cannot open {path!r}: it is a directory; name a file in it")
-    return path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -450,6 +490,9 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
 # (see stop_worker).
 # We put on _tx ourselves rather than await Connection._execute: that saves a coroutine, a
 # functools.partial and a loop lookup on every call of the hot path.
+
+# How long a failed connect waits for its worker thread to end (it ends in microseconds).
+_STOP_WAIT: Final = 5.0
 
 _WORKER_ATTRIBUTES: Final = ("_connection", "_running", "_tx", "_thread")
 
@@ -1221,7 +1264,10 @@ class SqliteBackend:
         try:
             await backend.read(partial(configure, file=path != MEMORY, options=options))
             if path != MEMORY:
-                backend._worker.path, backend._worker.identity = _locate(path)
+                try:
+                    backend._worker.path, backend._worker.identity = _locate(path)
+                except OSError as exc:  # the file went away (or out of reach) meanwhile
+                    raise _unreachable(path, exc) from exc
             else:
                 backend._inline = True
             if options.migrate:
@@ -1242,6 +1288,12 @@ class SqliteBackend:
             daemon_worker(connecting)
             conn = await connecting
         except sqlite3.Error as exc:
+            # aiosqlite has queued its worker's stop, which hands a result to this loop: wait
+            # for the thread to end (it only closes a connection that never opened), or an
+            # asyncio.run ending first makes that hand-over fail on the thread, with a traceback.
+            thread = connecting._thread
+            if thread is not None and thread.is_alive():
+                thread.join(_STOP_WAIT)
             raise translate(exc, database=database, busy_timeout=options.busy_timeout) from exc
         try:
             return cls(conn, database=database, options=options)

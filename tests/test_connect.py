@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from control_store import ConfigurationError, DatabaseBusyError, Store
+from control_store import ConfigurationError, ControlError, DatabaseBusyError, Store
 
 from conftest import make_run
 
@@ -77,6 +80,48 @@ async def test_missing_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="does not exist; create it"):
         await Store.connect(tmp_path / "nope" / "control.db")
     assert not (tmp_path / "nope").exists()
+
+
+class _BytesPath:
+    """An os.PathLike whose __fspath__ gives bytes, which the store cannot take as a name."""
+
+    def __fspath__(self) -> bytes:
+        return b"control.db"
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda tmp: str(tmp / "a\0b.db"), "NUL character"),
+        (lambda tmp: f"sqlite://{tmp}/a\0b.db", "NUL character"),
+        (lambda tmp: tmp / "a\0b.db", "NUL character"),
+        (lambda tmp: _BytesPath(), "gives bytes, not str"),
+        (lambda tmp: tmp / ("x" * 300 + ".db"), "File name too long"),
+        (lambda tmp: tmp / "README" / "control.db", "is a file, not a directory"),
+    ],
+    ids=["nul-str", "nul-url", "nul-path", "bytes-pathlike", "name-too-long", "file-as-dir"],
+)
+async def test_paths_no_file_can_have_are_refused(
+    tmp_path: Path, make: Callable[[Path], object], match: str
+) -> None:
+    """A path that names no possible file is a ControlError naming the path and the reason."""
+    (tmp_path / "README").write_text("a file")
+    with pytest.raises(ControlError, match=match):
+        await Store.connect(make(tmp_path))  # type: ignore[arg-type]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README"]
+
+
+async def test_a_path_starting_with_file_colon_is_a_plain_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "file:x.db" names the file "file:x.db", not a URI for x.db (SQLite's SQLITE_USE_URI)."""
+    monkeypatch.chdir(tmp_path)
+    async with Store.connect("sqlite://file:x.db") as store:
+        await store.insert_run(make_run())
+    async with Store.connect(Path("file:x.db")) as store:
+        assert len(await store.list_runs()) == 1
+    assert "x.db" not in {p.name for p in tmp_path.iterdir()}
+    assert (tmp_path / "file:x.db").is_file()
 
 
 @pytest.mark.parametrize("read_only", [False, True])
@@ -198,3 +243,27 @@ async def test_a_relative_path_survives_a_change_of_directory(
         await store.insert_run(run)
         assert await store.get_run(run.id) == run
     assert not (tmp_path / "elsewhere" / "control.db").exists()
+
+
+def test_a_failed_open_ends_its_thread_before_the_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When SQLite cannot open the file, connect's error comes after aiosqlite's worker thread
+    has ended: an asyncio.run that ends at once leaves no thread behind to fail."""
+
+    def cannot_open(*args: object, **kwargs: object) -> sqlite3.Connection:
+        raise sqlite3.OperationalError("unable to open database file")
+
+    failures: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", failures.append)
+    monkeypatch.setattr(sqlite3, "connect", cannot_open)  # what aiosqlite's connector calls
+
+    async def open_store() -> None:
+        await Store.connect(tmp_path / "control.db")
+
+    before = set(threading.enumerate())
+    for _ in range(20):
+        with pytest.raises(ControlError, match="unable to open"):
+            asyncio.run(open_store())
+    assert set(threading.enumerate()) <= before
+    assert failures == []
