@@ -174,6 +174,10 @@ SELECT_ALL_JOBS: Final = f"SELECT {_JOB_COLUMNS} FROM jobs"
 SELECT_JOB_RUN: Final = "SELECT run_id FROM jobs WHERE id = ?"
 SELECT_MISSING_RUN: Final = "SELECT 1 FROM runs WHERE id = ?"
 
+# What a database holds besides SQLite's own objects (sqlite_schema is sqlite_master's
+# other name since 3.33; our floor is 3.35).
+SCHEMA_NAMES: Final = "SELECT name FROM sqlite_schema WHERE name NOT LIKE 'sqlite^_%' ESCAPE '^'"
+
 CREATE_TRACKING_TABLE: Final = f"""
 CREATE TABLE IF NOT EXISTS {_migrate.TRACKING_TABLE} (
     version         INTEGER PRIMARY KEY NOT NULL,
@@ -610,15 +614,17 @@ def _settle_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
 # Connection setup and migrations (synchronous, on the worker thread).
 
 
-def configure(conn: sqlite3.Connection, *, file: bool, options: Options) -> None:
+def configure(conn: sqlite3.Connection, *, file: bool, options: Options, database: str) -> None:
     """Set the connection's pragmas, outside any transaction, in the order that works.
 
     busy_timeout first (everything after may wait on a lock), foreign keys (as sqlx does), then
     WAL for files: concurrent first openers can fail switching to WAL, so check and retry.
+    Before any change, a file that is another application's database is refused.
     """
     conn.execute(f"PRAGMA busy_timeout = {int(options.busy_timeout * 1000)}")
     conn.execute("PRAGMA foreign_keys = ON")
     if file:
+        _refuse_foreign_database(conn, database)
         deadline = time.monotonic() + options.busy_timeout
         while True:
             try:
@@ -642,6 +648,23 @@ def configure(conn: sqlite3.Connection, *, file: bool, options: Options) -> None
     conn.execute(f"PRAGMA synchronous = {options.synchronous}")
     if file:
         _refuse_read_only(conn)
+
+
+def _refuse_foreign_database(conn: sqlite3.Connection, database: str) -> None:
+    """Refuse a database that holds tables but no control_store migration history.
+
+    Every database this library ever wrote has its tracking table from the first migration on,
+    so such a file is another application's (a mistyped URL): migrating it would write our
+    tables into it, and switching it to WAL would change how its owner's file works.
+    """
+    names = [row[0] for row in conn.execute(SCHEMA_NAMES)]
+    if names and _migrate.TRACKING_TABLE not in names:
+        shown = ", ".join(repr(name) for name in names[:5]) + (", ..." if len(names) > 5 else "")
+        raise ConfigurationError(
+            f"{database} is not a control_store database: it holds {shown} and no "
+            f"{_migrate.TRACKING_TABLE} table; it was left untouched: check the URL, and point "
+            "it at a control_store database or at a new file"
+        )
 
 
 def _refuse_read_only(conn: sqlite3.Connection) -> None:
@@ -834,7 +857,8 @@ def migrate(conn: sqlite3.Connection, *, database: str) -> list[int]:
                         raise  # the database's trouble, not the migration's: translated as such
                     raise MigrationError(
                         f"migration {migration.version} ({migration.description}) failed on "
-                        f"{database}: {exc} ({name}), in statement {statement.strip()[:200]!r}; "
+                        f"{database}: {exc} ({name}), in statement "
+                        f"{_strip_comments(statement).strip()[:200]!r}; "
                         "none of it was applied: fix the migration file or the database"
                     ) from exc
             conn.execute(
@@ -1240,6 +1264,10 @@ class SqliteBackend:
         self._inline = False
         self._closing = False
         self._closer: asyncio.Task[None] | None = None
+        # Claims whose callers were cancelled mid-transaction and must give their runs back.
+        self._owed = 0
+        self._settled = asyncio.Event()
+        self._settled.set()
         # write() refuses at once on a read-only store, and SQLite itself would too.
         self.read_only = options.read_only
         # A store belongs to the process and the event loop that opened it: see refuse_foreign.
@@ -1262,7 +1290,9 @@ class SqliteBackend:
         # too, serialised with the worker thread by _Worker.lock.
         backend = await cls._connect(path, database, options, check_same_thread=path != MEMORY)
         try:
-            await backend.read(partial(configure, file=path != MEMORY, options=options))
+            await backend.read(
+                partial(configure, file=path != MEMORY, options=options, database=database)
+            )
             if path != MEMORY:
                 try:
                     backend._worker.path, backend._worker.identity = _locate(path)
@@ -1352,9 +1382,7 @@ class SqliteBackend:
             return  # closed: nothing to wait for, whichever loop asks
         self.refuse_foreign()
         if self._closer is None:
-            self._closing = (
-                True  # calls that arrive from now on hop, and meet the closed connection
-            )
+            self._closing = True  # read() and write() refuse from now on
             self._closer = self._loop.create_task(self._close())
         # Shielded: a close whose caller is cancelled (a wait_for that timed out) still finishes,
         # and a second close, from another task, returns only once the first has finished.
@@ -1362,7 +1390,12 @@ class SqliteBackend:
 
     async def _close(self) -> None:
         try:
+            # Writes in flight, then claims whose cancelled callers are giving their runs back
+            # (each such give-back is a write of its own: wait for idle again after it).
             await self._idle.wait()
+            while not self._settled.is_set():
+                await self._settled.wait()
+                await self._idle.wait()
             with contextlib.suppress(Exception):
                 await self._conn.close()
         finally:
@@ -1385,6 +1418,7 @@ class SqliteBackend:
         carries the ControlError.
         """
         self.refuse_foreign()
+        self._refuse_closing()
         if small and self._inline:
             return self._read_inline(op)
         return self._hop_read(op)
@@ -1464,6 +1498,7 @@ class SqliteBackend:
         effect back, so no run is left claimed by a task that never received it.
         """
         self.refuse_foreign()
+        self._refuse_closing()
         if self.read_only:  # Store names the method first; this guards any other caller
             raise ReadOnlyStoreError(
                 f"{self._database} was opened with read_only=True and refuses writes; "
@@ -1471,17 +1506,33 @@ class SqliteBackend:
             )
         ok, value, cancelled = await self._transact(op, small, wait=undo is not None)
         if cancelled is not None:
-            if ok and undo is not None:
-                back = undo(value)
+            try:
+                back = undo(value) if ok and undo is not None else None
                 if back is not None:
-                    # Failing (the store closing, the lock busy past busy_timeout), the effect
-                    # stays; the caller's cancellation goes on either way.
+                    # Failing (the lock busy past busy_timeout, say), the effect stays; the
+                    # caller's cancellation goes on either way.
                     with contextlib.suppress(ControlError):
-                        await _wait_out(self.write(back, small=True))
+                        await _wait_out(self._give_back(back))
+            finally:
+                if undo is not None:  # counted when the cancellation came (see _owe)
+                    self._settle()
             raise cancelled
         if ok:
             return cast(T, value)
         raise value
+
+    def _refuse_closing(self) -> None:
+        """Refuse a call that reached the backend after close() began (the Store refuses the
+        ones made after it); only what was accepted before finishes."""
+        if self._closing:
+            raise StoreClosedError(f"the store for {self._database} is closed; connect again")
+
+    async def _give_back(self, op: Op[Any]) -> None:
+        """Run a claim's undo, even while the store closes (close waits for it, as for any
+        write in flight); an error is raised as write() would."""
+        ok, value, _ = await self._transact(op, True, wait=False)
+        if not ok:
+            raise value
 
     async def _transact(
         self, op: Op[Any], small: bool, *, wait: bool
@@ -1496,13 +1547,16 @@ class SqliteBackend:
             try:
                 await _suspend()
             except asyncio.CancelledError as exc:  # the op has committed (or failed) already
+                if not wait:
+                    raise
+                self._owe()
                 return ok, value, exc
             return ok, value, None
         ticket = [op]  # what the worker pops to start the op, or the caller to withdraw it
         if self._writing:
             future: asyncio.Future[tuple[bool, Any]] = self._loop.create_future()
             self._pending.append((ticket, future))
-            return await _outcome(future, ticket, wait=wait)
+            return await self._outcome(future, ticket, wait=wait)
         # Nobody is writing: go straight to the thread, and let writers that arrive meanwhile
         # queue up for one group transaction after this one.
         self._writing = True
@@ -1512,13 +1566,43 @@ class SqliteBackend:
                 started = on_thread(self._conn, partial(self._worker.transact_one, ticket))
             except Exception as exc:
                 self._worker.raise_(exc)
-            return await _outcome(started, ticket, wait=wait)
+            return await self._outcome(started, ticket, wait=wait)
         finally:
             self._writing = False
             if self._pending:
                 self._start_flusher()
             else:
                 self._idle.set()
+
+    async def _outcome(
+        self, future: asyncio.Future[tuple[bool, Any]], ticket: _Ticket, *, wait: bool
+    ) -> tuple[bool, Any, asyncio.CancelledError | None]:
+        """The write's (ok, value, None); if its caller is cancelled, the op is withdrawn, or
+        with ``wait`` its end is awaited and returned with the cancellation. The future is
+        shielded: cancelling the caller must not cancel it, which would drop the op's result.
+        """
+        try:
+            ok, value = await asyncio.shield(future)
+        except asyncio.CancelledError as exc:
+            if _withdraw(ticket) or not wait:
+                raise
+            self._owe()
+            ok, value = await _wait_out(future)
+            return ok, value, exc
+        return ok, value, None
+
+    def _owe(self) -> None:
+        """A claim's caller was cancelled after the claim started: count it until write() has
+        given the claim back, for close() to wait for (else it could close the connection
+        between the claim and its give-back)."""
+        self._owed += 1
+        self._settled.clear()
+
+    def _settle(self) -> None:
+        """A cancelled claim's give-back is done (or was not needed)."""
+        self._owed -= 1
+        if not self._owed:
+            self._settled.set()
 
     def _start_flusher(self) -> None:
         self._writing = True
@@ -1580,22 +1664,6 @@ def _withdraw(ticket: _Ticket) -> bool:
     except IndexError:
         return False
     return True
-
-
-async def _outcome(
-    future: asyncio.Future[tuple[bool, Any]], ticket: _Ticket, *, wait: bool
-) -> tuple[bool, Any, asyncio.CancelledError | None]:
-    """The write's (ok, value, None); if its caller is cancelled, the op is withdrawn, or with
-    ``wait`` its end is awaited and returned with the cancellation. The future is shielded:
-    cancelling the caller must not cancel it, which would drop the op's result."""
-    try:
-        ok, value = await asyncio.shield(future)
-    except asyncio.CancelledError as exc:
-        if _withdraw(ticket) or not wait:
-            raise
-        ok, value = await _wait_out(future)
-        return ok, value, exc
-    return ok, value, None
 
 
 async def _wait_out(awaitable: Awaitable[T]) -> T:

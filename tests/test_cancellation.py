@@ -263,3 +263,34 @@ async def test_a_cancelled_close_still_closes(db_path: Path) -> None:
     await store.close()
     async with Store.connect(db_path, read_only=True) as reader:
         assert len(await reader.list_runs()) == len(runs)
+
+
+async def test_close_waits_for_a_cancelled_claim_to_give_its_runs_back(db_path: Path) -> None:
+    """close() called while a cancelled claim is still on the thread waits for the claim and
+    for its give-back: the connection never closes between the two."""
+    store = await Store.connect(db_path)
+    for _ in range(2):
+        await store.insert_run(make_run())
+    backend = store._backend
+    assert backend is not None
+    inside, gate = threading.Event(), threading.Event()
+
+    def hold_the_claim(statement: str) -> None:
+        if statement.lstrip().startswith("UPDATE runs SET status = 'running'"):
+            inside.set()
+            gate.wait(CALL_TIMEOUT)
+
+    await backend.read(lambda conn: conn.set_trace_callback(hold_the_claim))
+    claim = asyncio.ensure_future(store.claim_runs(2))
+    try:
+        assert await asyncio.to_thread(inside.wait, CALL_TIMEOUT)
+        claim.cancel()
+        closing = asyncio.ensure_future(store.close())
+        await asyncio.sleep(0)
+    finally:
+        gate.set()
+    await closing
+    with pytest.raises(asyncio.CancelledError):
+        await claim
+    async with Store.connect(db_path, read_only=True) as reader:
+        assert len(await reader.list_runs(status=RunStatus.QUEUED)) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 import threading
@@ -164,6 +165,24 @@ async def test_a_file_that_is_not_sqlite_is_refused_and_left_untouched(tmp_path:
         await Store.connect(path)
     assert path.read_bytes() == content
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.db"]
+
+
+@pytest.mark.parametrize("migrate", [True, False])
+async def test_another_applications_database_is_refused_and_left_untouched(
+    tmp_path: Path, migrate: bool
+) -> None:
+    """An SQLite file with tables but no control_store history (a mistyped URL) is refused:
+    nothing of ours is written into it and its journal mode stays as its owner set it."""
+    path = tmp_path / "app.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("INSERT INTO notes VALUES ('mine')")
+        conn.commit()
+    content = path.read_bytes()
+    with pytest.raises(ConfigurationError, match=r"not a control_store database.*'notes'"):
+        await Store.connect(path, migrate=migrate)
+    assert path.read_bytes() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
 
 
 @pytest.mark.parametrize(
