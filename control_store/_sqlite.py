@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import operator
 import os
 import re
@@ -707,12 +708,13 @@ def configure_read_only(conn: sqlite3.Connection, *, path: str, options: Options
         raise explained from exc
 
 
-def check_schema(conn: sqlite3.Connection, *, database: str) -> None:
+def check_schema(conn: sqlite3.Connection, *, database: str, read_only: bool = True) -> None:
     """Raise unless the schema is exactly at this library's newest migration.
 
     The same checks as migrating (a failed, edited or unknown migration is refused, as
     _migrate.pending does), and then no migration may be pending: a read-only store cannot
-    apply it, and this library's queries assume the newest schema.
+    apply it, and this library's queries assume the newest schema. ``read_only``: the store
+    can never migrate (else it was opened with migrate=False, and store.migrate() would).
     """
     known = _migrate.load_migrations("sqlite")
     applied = _read_applied(conn)
@@ -739,10 +741,15 @@ def check_schema(conn: sqlite3.Connection, *, database: str) -> None:
             "on a copy you may not write, migrate a writable copy), or read it with the "
             f"control_store release whose newest migration is {found}"
         )
+    if not read_only:
+        fix = (
+            "this store was opened with migrate=False: call 'await store.migrate()' to apply "
+            "them, or connect without migrate=False"
+        )
+    never = "A read-only store never migrates" if read_only else "Nothing was done"
     raise PendingMigrationError(
         f"{database} {state}, but this version of control_store needs migration "
-        f"{needed.version} ({needed.description}); pending: {names}. A read-only store never "
-        f"migrates: {fix}",
+        f"{needed.version} ({needed.description}); pending: {names}. {never}: {fix}",
         found=found,
         needed=needed.version,
         pending=tuple((m.version, m.description) for m in todo),
@@ -1270,6 +1277,8 @@ class SqliteBackend:
         self._settled.set()
         # write() refuses at once on a read-only store, and SQLite itself would too.
         self.read_only = options.read_only
+        # Set by note_unmigrated (migrate=False on an outdated schema), cleared by migrate().
+        self.unmigrated: PendingMigrationError | None = None
         # A store belongs to the process and the event loop that opened it: see refuse_foreign.
         self._pid = _Process.pid
         self._loop = asyncio.get_running_loop()
@@ -1302,6 +1311,8 @@ class SqliteBackend:
                 backend._inline = True
             if options.migrate:
                 await backend.read(backend.migrate_op())
+            else:
+                await backend.note_unmigrated()
         except BaseException:
             await backend.close()
             raise
@@ -1401,6 +1412,21 @@ class SqliteBackend:
         finally:
             if self._conn._running:  # cancelled itself (the loop shutting down): end the thread
                 stop_worker(self._conn)
+
+    async def note_unmigrated(self) -> None:
+        """With migrate=False: note a schema behind this library's, so that calls are refused
+        with the fix (PendingMigrationError) until migrate() ran, instead of failing in SQL."""
+        try:
+            await self.read(partial(check_schema, database=self._database, read_only=False))
+        except PendingMigrationError as exc:
+            self.unmigrated = exc
+        except MigrationError:
+            pass  # edited, unknown or failed migrations: migrate() explains them
+
+    def refuse_unmigrated(self) -> None:
+        """Raise the PendingMigrationError noted at connect, afresh, until migrate() ran."""
+        if self.unmigrated is not None:
+            raise copy.copy(self.unmigrated)
 
     # Ops are plain functions of the connection, never bound methods of the backend: see _Worker.
     def migrate_op(self) -> Op[list[int]]:

@@ -201,6 +201,15 @@ class Store:
             raise
 
     def _open(self) -> _sqlite.SqliteBackend:
+        """The backend, for a call that needs this library's schema: refused on a closed store,
+        and on one opened with migrate=False until migrate() brought the schema up to date."""
+        backend = self._connected()
+        if backend.unmigrated is not None:
+            backend.refuse_unmigrated()
+        return backend
+
+    def _connected(self) -> _sqlite.SqliteBackend:
+        """The backend, whatever its schema: for migrate() and migration_status()."""
         if self._backend is None:
             raise StoreClosedError("the store is closed; open a new one with Store.connect(url)")
         return self._backend
@@ -383,12 +392,16 @@ class Store:
 
     async def migrate(self) -> list[int]:
         """Apply pending migrations (connect does this unless ``migrate=False``)."""
-        backend = self._writable("migrate")
-        return await backend.read(backend.migrate_op())
+        backend = self._connected()
+        if backend.read_only:
+            self._writable("migrate")  # raises ReadOnlyStoreError, naming the method
+        applied = await backend.read(backend.migrate_op())
+        backend.unmigrated = None
+        return applied
 
     async def migration_status(self) -> list[MigrationState]:
         """Every migration this library has, with when it was applied (None: pending)."""
-        backend = self._open()
+        backend = self._connected()
         return await backend.read(backend.migration_status_op())
 
 

@@ -14,6 +14,7 @@ from control_store import (
     DirtyMigrationError,
     MigrationChangedError,
     MigrationError,
+    PendingMigrationError,
     Store,
     UnknownMigrationError,
     _migrate,
@@ -22,7 +23,7 @@ from control_store._codec import job_params, run_params
 from control_store._migrate import checksum, load_migrations, pending
 from control_store._sqlite import INSERT_JOB, INSERT_RUN
 
-from conftest import make_jobs, make_run, raw_db
+from conftest import SHIPPED, make_jobs, make_run, raw_db
 
 TRACKING = "_control_store_migrations"
 
@@ -221,4 +222,40 @@ async def test_job_rows_counts_the_jobs_of_runs_stored_before_it(
             await store.insert_jobs(make_jobs(full, 2))
         await store.insert_jobs(make_jobs(full, 1))
         await store.insert_jobs(make_jobs(empty, 2))
+        assert await store.check() == []
+
+
+@pytest.mark.parametrize("place", ["fresh file", "previous release", "memory"])
+async def test_migrate_false_refuses_calls_until_migrated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, place: str
+) -> None:
+    """migrate=False on a schema behind this library's: every call but migrate() and
+    migration_status() is a PendingMigrationError saying to call migrate(), instead of a bare
+    SQL error; after migrate() the store works."""
+    url: str | Path = tmp_path / "db.db"
+    if place == "previous release":
+        monkeypatch.setattr(
+            _migrate, "load_migrations", lambda b, d=None: load_migrations(b, d)[:1]
+        )
+        async with Store.connect(url):
+            pass
+        monkeypatch.undo()
+    elif place == "memory":
+        url = "sqlite::memory:"
+    run = make_run(job_count=1)
+    async with Store.connect(url, migrate=False) as store:
+        for call in (
+            store.get_run(run.id),
+            store.insert_run(run),
+            store.claim_next_run(),
+            store.check(),
+        ):
+            with pytest.raises(PendingMigrationError, match=r"await store\.migrate\(\)") as caught:
+                await call
+            assert caught.value.needed == SHIPPED[-1][0]
+        assert [s.version for s in await store.migration_status()] == [v for v, _ in SHIPPED]
+        await store.migrate()
+        await store.insert_run(run)
+        await store.insert_jobs(make_jobs(run))
+        assert await store.get_run(run.id) == run
         assert await store.check() == []
