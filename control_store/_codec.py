@@ -206,7 +206,7 @@ def run_params(run: Run) -> tuple[str, str, str, int, int, str, str, int]:
             and type(epochs) is int
             and 1 <= epochs <= _INT64_MAX
             and type(job_count) is int
-            and 0 <= job_count <= _INT64_MAX
+            and 1 <= job_count <= _INT64_MAX
             and type(done_count) is int
             and done_count == 0  # a new run: see _checked_run_params
             and isinstance(run.status, str)  # a RunStatus is a str
@@ -242,6 +242,12 @@ def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, in
         _check_str(model, what=f"{where}: models[{i}]")
     _check_int(run.epochs, what=f"{where}: epochs", minimum=1)
     _check_int(run.job_count, what=f"{where}: job_count", minimum=0)
+    if run.job_count == 0:
+        raise InvalidInputError(
+            f"{where}: job_count is 0, but a run is done when its last job's outcome is "
+            "recorded, so a run of no jobs could never be done; nothing was stored: insert a "
+            "run with the number of jobs it will have (at least 1)"
+        )
     _check_int(run.done_count, what=f"{where}: done_count", minimum=0)
     # A run is inserted before its jobs (they refer to it), so it has none done yet, and only
     # the outcomes recorded later may count them and finish it: any other start would leave

@@ -1103,6 +1103,13 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
         counted = isinstance(job_count, int) and isinstance(done_count, int)
         if counted and total > job_count:
             found("runs", run_id, f"{run} has job_count {job_count} but {total} jobs")
+        if counted and job_count == 0 and status != "done":
+            found(
+                "runs",
+                run_id,
+                f"{run} has job_count 0 and is {status!r}: no outcome can ever finish it "
+                "(this version refuses such runs); delete it, or mark it done",
+            )
         finished = counted and 0 < job_count <= done_count
         if finished and status != "done":
             found("runs", run_id, f"{run} has all {job_count} jobs done but is {status!r}")

@@ -39,6 +39,7 @@ async def _edit(store: Store, sql: str, *params: object) -> None:
         ("UPDATE jobs SET run_id = 'gone'", r"jobs row \d+ refers to a missing runs row"),
         ("UPDATE runs SET epochs = 'many'", r"runs\.epochs of row \S+ holds 'many'"),
         ("UPDATE runs SET job_rows = 2", r"run \S+ has job_rows 2, 3 jobs"),
+        ("UPDATE runs SET job_count = 0", r"has job_count 0 and is 'running': no outcome can"),
     ],
     ids=[
         "miscounted",
@@ -49,6 +50,7 @@ async def _edit(store: Store, sql: str, *params: object) -> None:
         "orphan-job",
         "unreadable",
         "job-rows-drift",
+        "no-jobs-to-finish",
     ],
 )
 async def test_check_reports_each_broken_invariant(store: Store, edit: str, expected: str) -> None:

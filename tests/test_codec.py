@@ -126,8 +126,8 @@ def test_every_job_status_is_written_as_its_value(status: str) -> None:
         (Job(uuid.uuid4(), EvalJob("a", "s", 0), status=cast(JobStatus, "done")), "no outcome"),
         (Job(uuid.uuid4(), EvalJob("a", "s", 0), outcome=JobOutcome(uuid.uuid4())), "no outcome"),
         (Run("m", ["a"], 1, 2, done_count=1), "but a new run has no jobs yet"),
-        (Run("m", ["a"], 1, 0, status=RunStatus.DONE), "but a new run has no jobs yet"),
-        (Run("m", ["a"], 1, 0, status=cast(RunStatus, "done")), "but a new run has no jobs yet"),
+        (Run("m", ["a"], 1, 1, status=RunStatus.DONE), "but a new run has no jobs yet"),
+        (Run("m", ["a"], 1, 1, status=cast(RunStatus, "done")), "but a new run has no jobs yet"),
     ],
     ids=[
         "job-done",
@@ -350,7 +350,7 @@ def test_every_near_miss_in_every_column_decodes_as_row_by_row(
 
 def test_batch_decoders_take_the_fast_path_for_sound_rows() -> None:
     """Sound rows, as many as make a batch, never go row by row (the fast path is used)."""
-    runs = [_GOOD_RUN, _codec.run_params(Run("n", [], 1, 0))] * (_codec._BATCH // 2)
+    runs = [_GOOD_RUN, _codec.run_params(Run("n", [], 1, 1))] * (_codec._BATCH // 2)
     jobs = [_GOOD_JOB, _DONE_JOB] * (_codec._BATCH // 2)
     claimed = [(i, *row[:5], *row[6:]) for i, row in enumerate(runs)]
     with pytest.MonkeyPatch.context() as patch:

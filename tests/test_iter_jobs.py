@@ -28,10 +28,11 @@ from conftest import make_jobs, make_run, raw_db
 async def _run_with_jobs(store: Store, count: int, *, room: int = 0) -> list[Job]:
     """A run with ``count`` jobs, inserted in three batches interleaved with another run's; its
     job_count leaves ``room`` for more."""
-    run, other = make_run(count + room), make_run(count)
+    # At least one job each: a run of none is refused (count 0: a run whose jobs are to come).
+    run, other = make_run(max(count + room, 1)), make_run(max(count, 1))
     await store.insert_run(run)
     await store.insert_run(other)
-    jobs, others = make_jobs(run, count), make_jobs(other)
+    jobs, others = make_jobs(run, count), make_jobs(other, count)
     third = count // 3
     for start, stop in ((0, third), (third, 2 * third), (2 * third, count)):
         await store.insert_jobs(jobs[start:stop])
@@ -98,8 +99,9 @@ async def test_iter_jobs_yields_list_jobs_in_order_across_pages(
 
 
 async def test_iter_jobs_of_an_empty_or_unknown_run_yields_nothing(store: Store) -> None:
-    """A run without jobs and an unknown run id both yield nothing, as list_jobs returns []."""
-    run = make_run(0)
+    """A run without jobs (yet) and an unknown run id both yield nothing, as list_jobs returns
+    []."""
+    run = make_run(1)
     await store.insert_run(run)
     for run_id in (run.id, uuid.uuid4()):
         assert await store.list_jobs(run_id) == []
@@ -258,7 +260,7 @@ async def test_a_bad_page_size_is_refused_when_the_walk_is_made(
     store: Store, page_size: Any
 ) -> None:
     """page_size must be an int from 1 to 100000: refused at the call, naming the value."""
-    run = make_run(0)
+    run = make_run(1)
     await store.insert_run(run)
     with pytest.raises(InvalidInputError) as caught:
         store.iter_jobs(run.id, page_size=page_size)

@@ -80,6 +80,9 @@ class StoreModel(RuleBasedStateMachine):
     def insert_run(self, job_count: int, second: int) -> None:
         # Few distinct instants, so claims often break ties by insertion order.
         run = Run("m.yaml", ["a"], 1, job_count, created_at=BASE + timedelta(seconds=second))
+        if job_count == 0:  # a run of no jobs could never be done
+            self.refused(self.store.insert_run(run), InvalidInputError)
+            return
         self.call(self.store.insert_run(run))
         self.runs[run.id] = run
         self.jobs_of[run.id] = []

@@ -343,9 +343,10 @@ async def test_outcome_for_another_runs_job_changes_nothing(store: Store) -> Non
         (Run("m", ["a"], 0, 1), "epochs"),
         (Run("m", ["a"], 1, -1), "job_count"),
         (Run("m", ["a"], 1, 2**63), "job_count"),
+        (Run("m", ["a"], 1, 0), r"job_count is 0, .* a run of no jobs could never be done"),
         (Run("m", ["a"], 1, 3, done_count=2), "done_count is 2, but a new run has no jobs yet"),
         (
-            Run("m", ["a"], 1, 0, status=RunStatus.DONE),
+            Run("m", ["a"], 1, 1, status=RunStatus.DONE),
             r"status is 'done', but a new run has no jobs yet.*insert it queued \(or running\)",
         ),
         (Run("m", ["a"], 1, 1, created_at=datetime(2026, 1, 1)), "no time zone"),
@@ -363,6 +364,7 @@ async def test_outcome_for_another_runs_job_changes_nothing(store: Store) -> Non
     ],
     ids=[
         "zero-epochs",
+        "no-jobs",
         "negative-job-count",
         "overflow",
         "done-count-at-insert",

@@ -28,7 +28,7 @@ _FORGETFUL = textwrap.dedent(
 
     async def main() -> Store:
         store = await Store.connect(sys.argv[1])
-        run = Run("m.yaml", ["m"], 1, 0)
+        run = Run("m.yaml", ["m"], 1, 1)
         await store.insert_run(run)
         print(run.id, flush=True)
         return store
