@@ -42,6 +42,7 @@ from .errors import (
     ControlError,
     CorruptRowError,
     DatabaseBusyError,
+    InvalidInputError,
     MigrationError,
     MissingRunError,
     NotFoundError,
@@ -448,6 +449,8 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
                 "-wal and -shm files and its directory writable by this process, then retry"
             )
             error.retryable = True
+        elif name == "SQLITE_TOOBIG":
+            error = _too_big(detail)
         elif name == "SQLITE_NOTADB":
             error = ConfigurationError(
                 f"{database} is not a SQLite database [{detail}]; it was left untouched: point "
@@ -471,12 +474,22 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
             error = StoreClosedError(f"the store for {database} is closed; connect again")
         else:
             error = ControlError(f"{database} failed: {detail}")
+    elif isinstance(exc, OverflowError):  # sqlite3 binding a text of over 2**31 - 1 bytes
+        error = _too_big(str(exc))
     elif isinstance(exc, ValueError) and str(exc) in ("Connection closed", "no active connection"):
         error = StoreClosedError(f"the store for {database} is closed; connect again")
     else:
         return exc
     error.__cause__ = exc
     return error
+
+
+def _too_big(detail: str) -> InvalidInputError:
+    return InvalidInputError(
+        f"a value of this call is longer than SQLite keeps in one text or blob (its length "
+        f"limit, 1,000,000,000 bytes unless the build changed it) [{detail}]; nothing was "
+        "written: keep large outputs elsewhere (a file, an object store) and store a reference"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

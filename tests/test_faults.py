@@ -18,7 +18,16 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from control_store import DatabaseBusyError, JobOutcome, RunStatus, StorageError, Store
+from control_store import (
+    DatabaseBusyError,
+    InvalidInputError,
+    JobOutcome,
+    Run,
+    RunStatus,
+    StorageError,
+    Store,
+    _sqlite,
+)
 
 from conftest import Worker, assert_sound, make_jobs, make_run
 
@@ -224,3 +233,32 @@ async def test_a_deleted_or_replaced_file_refuses_writes_until_restored(db_path:
     finally:
         raw.close()
     await assert_sound(db_path)
+
+
+async def test_a_text_longer_than_sqlite_keeps_is_invalid_input(store: Store) -> None:
+    """A value over SQLite's length limit is an InvalidInputError saying so, and nothing of the
+    call is written (the limit is lowered here: the default is a gigabyte)."""
+    backend = store._backend
+    assert backend is not None
+    await backend.read(lambda conn: conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 10_000))
+    run = make_run(job_count=1)
+    await store.insert_run(run)
+    [job] = make_jobs(run)
+    await store.insert_jobs([job])
+    with pytest.raises(InvalidInputError, match=r"longer than SQLite keeps.*SQLITE_TOOBIG"):
+        await store.record_job_outcome(run.id, JobOutcome(job.id, output="x" * 20_000))
+    with pytest.raises(InvalidInputError, match=r"longer than SQLite keeps"):
+        await store.insert_run(Run("m" * 20_000, ["a"], 1, 1))
+    assert await store.get_job(job.id) == job
+    assert len(await store.list_runs()) == 1
+
+
+def test_a_text_over_two_gigabytes_is_invalid_input() -> None:
+    """sqlite3's own refusal to bind a text of over 2**31 - 1 bytes (an OverflowError, which a
+    test cannot afford to provoke) is translated like SQLite's length limit."""
+    error = _sqlite.translate(
+        OverflowError("string longer than INT_MAX bytes"), database="db", busy_timeout=5
+    )
+    assert isinstance(error, InvalidInputError)
+    assert "longer than SQLite keeps" in str(error)
+    assert isinstance(error.__cause__, OverflowError)
