@@ -137,14 +137,18 @@ def _timestamps_in_form(texts: Sequence[str]) -> bool:
     return all(joined[i::step].isdigit() for i in range(4))  # text[:4].isdigit(), per text
 
 
-def _check_int(value: object, *, what: str, minimum: int = _INT64_MIN) -> None:
+def _check_int(value: object, *, what: str, minimum: int = _INT64_MIN) -> int:
+    """``value`` as a plain int (an int subclass's value): msgspec encodes only exact ints."""
     if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidInputError(f"{what} must be an int, got {value!r}")
+        raise InvalidInputError(
+            f"{what} must be an int, got {type(value).__name__}: {value!r}; pass int(...) of it"
+        )
     if not minimum <= value <= _INT64_MAX:
         raise InvalidInputError(
             f"{what} is {value}, outside {minimum}..{_INT64_MAX}; "
             "SQLite stores 64-bit integers, so pass a value in that range"
         )
+    return int.__index__(value)  # for a subclass, a plain int copy; never its own __index__
 
 
 def _check_uuid(value: object, *, what: str) -> str:
@@ -153,11 +157,16 @@ def _check_uuid(value: object, *, what: str) -> str:
     return uuid_text(value)
 
 
-def _check_str(value: object, *, what: str) -> None:
+def _check_str(value: object, *, what: str) -> str:
+    """``value`` as a plain str (a str subclass's text, numpy.str_ say): msgspec encodes only
+    exact strs, and the round trip gives a str back anyway."""
     if not isinstance(value, str):
-        raise InvalidInputError(f"{what} must be a str, got {value!r}")
+        raise InvalidInputError(
+            f"{what} must be a str, got {type(value).__name__}: {value!r}; pass str(...) of it"
+        )
     if not value.isascii():  # O(1): CPython knows; only other text needs the full check
         _check_utf8(value, what=what)
+    return str.__str__(value)  # for a subclass, a plain str copy; never its own __str__
 
 
 def _check_utf8(value: str, *, what: str) -> None:
@@ -235,14 +244,13 @@ def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, in
         raise InvalidInputError(f"expected a Run, got {type(run).__name__}: {run!r}")
     run_id = _check_uuid(run.id, what="Run.id")
     where = f"run {run_id}"
-    _check_str(run.manifest, what=f"{where}: manifest")
+    manifest = _check_str(run.manifest, what=f"{where}: manifest")
     if not isinstance(run.models, list) or not all(isinstance(m, str) for m in run.models):
         raise InvalidInputError(f"{where}: models must be a list of str, got {run.models!r}")
-    for i, model in enumerate(run.models):
-        _check_str(model, what=f"{where}: models[{i}]")
-    _check_int(run.epochs, what=f"{where}: epochs", minimum=1)
-    _check_int(run.job_count, what=f"{where}: job_count", minimum=0)
-    if run.job_count == 0:
+    models = [_check_str(model, what=f"{where}: models[{i}]") for i, model in enumerate(run.models)]
+    epochs = _check_int(run.epochs, what=f"{where}: epochs", minimum=1)
+    job_count = _check_int(run.job_count, what=f"{where}: job_count", minimum=0)
+    if job_count == 0:
         raise InvalidInputError(
             f"{where}: job_count is 0, but a run is done when its last job's outcome is "
             "recorded, so a run of no jobs could never be done; nothing was stored: insert a "
@@ -274,13 +282,13 @@ def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, in
     created_at = format_timestamp(run.created_at, what=f"{where}: created_at")
     return (
         run_id,
-        run.manifest,
-        _json(run.models, what=f"{where}: models"),
-        run.epochs,
-        run.job_count,
+        manifest,
+        _json(models, what=f"{where}: models"),
+        epochs,
+        job_count,
         status.value,
         created_at,
-        run.done_count,
+        0,  # done_count, checked above
     )
 
 
@@ -314,22 +322,36 @@ def _checked_outcome_json(outcome: JobOutcome) -> str:
     where = f"outcome for job {_check_uuid(outcome.job_id, what='JobOutcome.job_id')}"
     score = outcome.score
     if score is not None:
-        if not isinstance(score, int | float) or isinstance(score, bool):
-            raise InvalidInputError(f"{where}: score must be a float or None, got {score!r}")
-        if isinstance(score, int) and not -_FLOAT_MAX <= score <= _FLOAT_MAX:
+        score = _check_score(score, where=where)
+    output = _check_str(outcome.output, what=f"{where}: output")
+    error = outcome.error
+    if error is not None:
+        error = _check_str(error, what=f"{where}: error")
+    # Encoded from plain values: msgspec refuses subclasses (numpy.float64, numpy.str_).
+    return _json(JobOutcome(outcome.job_id, score, output, error), what=where)
+
+
+def _check_score(score: object, *, where: str) -> float | int:
+    """A score as a plain float, or an int that one holds exactly (read back as that float,
+    it compares equal): anything else would not survive the round trip."""
+    if not isinstance(score, int | float) or isinstance(score, bool):
+        raise InvalidInputError(
+            f"{where}: score must be a float or None, got {type(score).__name__}: {score!r}; "
+            "pass float(...) of it"
+        )
+    if isinstance(score, int):
+        if not -_FLOAT_MAX <= score <= _FLOAT_MAX or float(score) != score:
             raise InvalidInputError(
-                f"{where}: score is an int of {len(str(abs(score)))} digits, too large for the "
-                "float it is kept as; pass a float"
+                f"{where}: score is an int of {len(str(abs(score)))} digits that a float, which "
+                "a score is kept as, cannot hold exactly; pass float(...) of it"
             )
-        if not math.isfinite(score):
-            raise InvalidInputError(
-                f"{where}: score {score!r} is not finite and JSON cannot hold it; "
-                "report a failed evaluation with error=... and score=None"
-            )
-    _check_str(outcome.output, what=f"{where}: output")
-    if outcome.error is not None:
-        _check_str(outcome.error, what=f"{where}: error")
-    return _json(outcome, what=where)
+        return int.__index__(score)
+    if not math.isfinite(score):
+        raise InvalidInputError(
+            f"{where}: score {score!r} is not finite and JSON cannot hold it; "
+            "report a failed evaluation with error=... and score=None"
+        )
+    return float.__float__(score)  # for a subclass, a plain float
 
 
 JobRow = tuple[str, str, str, str, int, str | None]
@@ -425,16 +447,19 @@ def _checked_job_params(job: Job) -> JobRow:
     spec = job.spec
     if not isinstance(spec, EvalJob):
         raise InvalidInputError(f"{where}: spec must be an EvalJob, got {spec!r}")
-    _check_str(spec.model, what=f"{where}: spec.model")
-    _check_str(spec.sample_id, what=f"{where}: spec.sample_id")
-    _check_int(spec.epoch, what=f"{where}: spec.epoch")
+    # Encoded from plain values: msgspec refuses subclasses (numpy.str_, an IntEnum).
+    spec = EvalJob(
+        _check_str(spec.model, what=f"{where}: spec.model"),
+        _check_str(spec.sample_id, what=f"{where}: spec.sample_id"),
+        _check_int(spec.epoch, what=f"{where}: spec.epoch"),
+    )
     try:
         status = JobStatus(job.status)
     except ValueError:
         raise InvalidInputError(
             f"{where}: status {job.status!r} is not one of {[s.value for s in JobStatus]}"
         ) from None
-    _check_int(job.attempt, what=f"{where}: attempt", minimum=0)
+    attempt = _check_int(job.attempt, what=f"{where}: attempt", minimum=0)
     # Only a recorded outcome marks a job done, and counts it in its run's done_count: a job
     # inserted done, or with an outcome, would leave the two disagreeing (see check()).
     if status is JobStatus.DONE or job.outcome is not None:
@@ -444,7 +469,7 @@ def _checked_job_params(job: Job) -> JobRow:
             "inserted: insert it queued (or running) without one, then record its outcome "
             "with record_job_outcome(s), which marks it done and counts it in its run"
         )
-    return (job_id, run_id, _json(spec, what=f"{where}: spec"), status.value, job.attempt, None)
+    return (job_id, run_id, _json(spec, what=f"{where}: spec"), status.value, attempt, None)
 
 
 def lenient_text(data: bytes) -> str | bytes:

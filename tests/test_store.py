@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
 from typing import cast
 
 import msgspec
@@ -581,3 +582,64 @@ async def test_check_finds_nothing_in_a_sound_store(store: Store) -> None:
     await store.claim_next_run()
     await store.record_job_outcome(run.id, JobOutcome(jobs[0].id, score=1.0))
     assert await store.check() == []
+
+
+class _Float(float):
+    """A float subclass, as numpy.float64 is (msgspec refuses to encode one)."""
+
+
+class _Str(str):
+    """A str subclass, as numpy.str_ is, printing itself its own way."""
+
+    def __str__(self) -> str:
+        return "not the text"
+
+
+class _Int(int):
+    """An int subclass, as an IntEnum member is."""
+
+
+async def test_subclasses_of_str_float_and_int_are_stored_as_their_values(store: Store) -> None:
+    """What the hints admit is stored: str, float and int subclasses (numpy's scalars, enums)
+    are kept as their plain values, and every model compares equal after the round trip."""
+    run = Run(_Str("suite.yaml"), [_Str("model-a")], _Int(2), _Int(1))
+    job = Job(run.id, EvalJob(_Str("model-a"), _Str("sample-1"), _Int(1)), attempt=_Int(0))
+    outcome = JobOutcome(job.id, score=_Float(0.5), output=_Str("out"), error=_Str("none"))
+    await store.insert_run(run)
+    await store.insert_jobs([job])
+    assert await store.get_run(run.id) == run
+    assert await store.get_job(job.id) == job
+    assert await store.record_job_outcome(run.id, outcome)
+    recorded = await store.get_job(job.id)
+    assert recorded is not None
+    assert recorded.outcome == outcome
+    assert type(recorded.outcome.score) is float
+
+
+@pytest.mark.parametrize(
+    ("score", "match"),
+    [
+        (2**53 + 1, "cannot hold exactly; pass float"),
+        (10**300, "cannot hold exactly; pass float"),
+        (Decimal("0.5"), r"score must be a float or None, got Decimal: .*pass float\(\.\.\.\)"),
+    ],
+    ids=["int-past-2**53", "huge-int", "decimal"],
+)
+async def test_a_score_that_would_not_survive_the_round_trip_is_refused(
+    store: Store, score: object, match: str
+) -> None:
+    """A score is kept as a float: an int no float holds exactly, or a non-float, is refused
+    with the fix, and nothing is recorded; an int a float holds is recorded and reads back
+    equal."""
+    run = make_run(job_count=2)
+    await store.insert_run(run)
+    jobs = make_jobs(run)
+    await store.insert_jobs(jobs)
+    with pytest.raises(InvalidInputError, match=match):
+        await store.record_job_outcome(run.id, JobOutcome(jobs[0].id, score=score))  # type: ignore[arg-type]
+    assert await store.get_job(jobs[0].id) == jobs[0]
+    exact = JobOutcome(jobs[1].id, score=2**53)
+    assert await store.record_job_outcome(run.id, exact)
+    recorded = await store.get_job(jobs[1].id)
+    assert recorded is not None
+    assert recorded.outcome == exact
