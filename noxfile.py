@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import re
 import shutil
 import tempfile
 import zipfile
@@ -27,9 +28,13 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over the package, the tests and this file."""
+    """mypy --strict over the package, the tests and this file, and the README's example."""
     session.install("-e", ".", *TEST_DEPS, *LINT_DEPS)
     session.run("mypy")
+    readme = pathlib.Path("README.md").read_text(encoding="utf-8")
+    example = pathlib.Path(session.create_tmp()) / "readme_example.py"
+    example.write_text(re.findall(r"```python\n(.*?)```", readme, re.S)[0], encoding="utf-8")
+    session.run("mypy", "--strict", str(example))  # what a user pastes must typecheck too
 
 
 # 3.11 is the floor (its sqlite3 commits before executescript; we never rely on either).

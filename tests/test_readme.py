@@ -25,4 +25,4 @@ def test_readme_example_runs_as_pasted(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "status=<RunStatus.DONE: 'done'>" in result.stdout
     assert "done_count=2" in result.stdout
-    assert (tmp_path / "control.db").exists()
+    assert (tmp_path / "quickstart.db").exists()
