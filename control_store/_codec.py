@@ -153,7 +153,8 @@ def _check_int(value: object, *, what: str, minimum: int = _INT64_MIN) -> int:
 
 def _check_uuid(value: object, *, what: str) -> str:
     if not isinstance(value, uuid.UUID):
-        raise InvalidInputError(f"{what} must be a uuid.UUID, got {value!r}")
+        fix = f"wrap it as uuid.UUID({value!r})" if isinstance(value, str) else "pass a uuid.UUID"
+        raise InvalidInputError(f"{what} must be a uuid.UUID, got {value!r}; {fix}")
     return uuid_text(value)
 
 
@@ -241,7 +242,10 @@ def run_params(run: Run) -> tuple[str, str, str, int, int, str, str, int]:
 
 def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, int]:
     if not isinstance(run, Run):
-        raise InvalidInputError(f"expected a Run, got {type(run).__name__}: {run!r}")
+        raise InvalidInputError(
+            f"expected a Run, got {type(run).__name__}: {run!r}; pass Run(manifest, models, "
+            "epochs, job_count)"
+        )
     run_id = _check_uuid(run.id, what="Run.id")
     where = f"run {run_id}"
     manifest = _check_str(run.manifest, what=f"{where}: manifest")
@@ -318,7 +322,10 @@ def outcome_params(outcome: JobOutcome) -> tuple[str, str]:
 
 def _checked_outcome_json(outcome: JobOutcome) -> str:
     if not isinstance(outcome, JobOutcome):
-        raise InvalidInputError(f"expected a JobOutcome, got {type(outcome).__name__}: {outcome!r}")
+        raise InvalidInputError(
+            f"expected a JobOutcome, got {type(outcome).__name__}: {outcome!r}; "
+            "pass JobOutcome(job_id, score=...)"
+        )
     where = f"outcome for job {_check_uuid(outcome.job_id, what='JobOutcome.job_id')}"
     score = outcome.score
     if score is not None:
@@ -440,7 +447,9 @@ def job_encoder() -> tuple[
 
 def _checked_job_params(job: Job) -> JobRow:
     if not isinstance(job, Job):
-        raise InvalidInputError(f"expected a Job, got {type(job).__name__}: {job!r}")
+        raise InvalidInputError(
+            f"expected a Job, got {type(job).__name__}: {job!r}; pass Job(run_id, EvalJob(...))"
+        )
     job_id = _check_uuid(job.id, what="Job.id")
     where = f"job {job_id}"
     run_id = _check_uuid(job.run_id, what=f"{where}: run_id")

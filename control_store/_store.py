@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import uuid
 from collections.abc import AsyncIterator, Generator, Iterable, Iterator
@@ -33,6 +34,15 @@ def _id(value: object, *, what: str) -> str:
 
 
 _INT64_MAX = 2**63 - 1
+
+
+def _not_iterable_fix(value: object, single: str) -> str:
+    """The fix for a batch argument that is not a plain iterable: ``single`` for one item."""
+    if hasattr(value, "__aiter__"):  # an async generator: the batch is read on a thread
+        return "collect an async iterator first, e.g. [x async for x in it], or insert in chunks"
+    if inspect.isawaitable(value):
+        return "await it first: this is a coroutine or other awaitable, not the items"
+    return single
 
 
 def _int_from(value: object, low: int, high: int) -> bool:
@@ -247,7 +257,7 @@ class Store:
         if isinstance(jobs, Job) or not isinstance(jobs, Iterable):
             raise InvalidInputError(
                 f"insert_jobs takes an iterable of Job, got {type(jobs).__name__}; "
-                "wrap a single job in a list"
+                + _not_iterable_fix(jobs, "wrap a single job in a list")
             )
         await backend.write(lambda conn: _sqlite.op_insert_jobs(jobs, conn))
 
@@ -348,8 +358,10 @@ class Store:
         if isinstance(outcomes, JobOutcome) or not isinstance(outcomes, Iterable):
             raise InvalidInputError(
                 f"record_job_outcomes takes an iterable of JobOutcome, got "
-                f"{type(outcomes).__name__}; wrap a single outcome in a list, or call "
-                "record_job_outcome"
+                f"{type(outcomes).__name__}; "
+                + _not_iterable_fix(
+                    outcomes, "wrap a single outcome in a list, or call record_job_outcome"
+                )
             )
         # Encoded here, before the hop: a bad outcome anywhere fails the call with nothing sent.
         rows = list(map(_codec.outcome_params, outcomes))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncGenerator
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import cast
@@ -530,6 +531,22 @@ async def test_ids_must_be_uuids(store: Store) -> None:
         assert "uuid.UUID(" not in str(caught.value)
     with pytest.raises(InvalidInputError, match="wrap a single job"):
         await store.insert_jobs(Job(uuid.uuid4(), EvalJob("m", "s", 0)))  # type: ignore[arg-type]
+    text = "0f8fad5b-d9cb-469f-a165-70867728950e"
+    with pytest.raises(InvalidInputError, match=r"job_id must be a uuid\.UUID.*wrap it as uuid"):
+        await store.record_job_outcome(uuid.uuid4(), JobOutcome(text))  # type: ignore[arg-type]
+
+
+async def test_an_async_iterator_of_jobs_is_refused_with_the_fix(store: Store) -> None:
+    """insert_jobs reads its jobs on a thread: an async generator is refused, saying to
+    collect it first, not to wrap a single job."""
+
+    async def jobs() -> AsyncGenerator[Job, None]:
+        yield Job(uuid.uuid4(), EvalJob("m", "s", 0))
+
+    pending = jobs()
+    with pytest.raises(InvalidInputError, match=r"collect an async iterator first"):
+        await store.insert_jobs(pending)  # type: ignore[arg-type]
+    await pending.aclose()
 
 
 async def test_every_call_on_a_closed_store_says_closed(store: Store) -> None:
