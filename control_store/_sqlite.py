@@ -1624,11 +1624,12 @@ class SqliteBackend:
         self, future: asyncio.Future[tuple[bool, Any]], ticket: _Ticket, *, wait: bool
     ) -> tuple[bool, Any, asyncio.CancelledError | None]:
         """The write's (ok, value, None); if its caller is cancelled, the op is withdrawn, or
-        with ``wait`` its end is awaited and returned with the cancellation. The future is
-        shielded: cancelling the caller must not cancel it, which would drop the op's result.
+        with ``wait`` its end is awaited and returned with the cancellation. With ``wait`` the
+        future is shielded, since cancelling it would drop the op's result; otherwise not (a
+        shield costs a loop pass per call, measured: 15% of 64 concurrent records' rate).
         """
         try:
-            ok, value = await asyncio.shield(future)
+            ok, value = await (asyncio.shield(future) if wait else future)
         except asyncio.CancelledError as exc:
             if _withdraw(ticket) or not wait:
                 raise
@@ -1669,7 +1670,8 @@ class SqliteBackend:
                 except Exception as exc:
                     results = [(False, self._worker.translate(exc)) for _ in batch]
                 for (_, fut), result in zip(batch, results, strict=True):
-                    fut.set_result(result)
+                    if not fut.done():  # a cancelled caller's future (unshielded) stays so
+                        fut.set_result(result)
             batch = []
         finally:
             self._writing = False

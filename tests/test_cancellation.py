@@ -230,6 +230,8 @@ async def test_a_second_close_waits_for_the_first(db_path: Path) -> None:
     returns only once the first has let the queued writes commit and closed the connection."""
     store = await Store.connect(db_path)
     thread = _thread_of(store)
+    backend = store._backend
+    assert backend is not None
     runs = [make_run() for _ in range(20)]
     writes = [asyncio.ensure_future(store.insert_run(run)) for run in runs]
     await asyncio.sleep(0)
@@ -237,6 +239,8 @@ async def test_a_second_close_waits_for_the_first(db_path: Path) -> None:
     await asyncio.sleep(0)
     await store.close()
     assert all(write.done() for write in writes)
+    assert backend._conn._connection is None  # closed (its thread ends right after)
+    await asyncio.to_thread(thread.join, CALL_TIMEOUT)
     assert not thread.is_alive()
     await asyncio.gather(first, *writes)
     async with Store.connect(db_path, read_only=True) as reader:
