@@ -166,6 +166,31 @@ async def test_a_claim_cancelled_before_it_starts_claims_nothing(
         assert len(await store.claim_runs(3)) == (2 if ahead is None else 3)
 
 
+class _HeldClaim:
+    """Stops the store's claims on the worker thread, mid-transaction (a statement trace runs
+    before each statement), until ``gate`` is set."""
+
+    def __init__(self) -> None:
+        self.inside, self.gate = threading.Event(), threading.Event()
+
+    @classmethod
+    async def on(cls, store: Store) -> _HeldClaim:
+        held = cls()
+        backend = store._backend
+        assert backend is not None
+        await backend.read(lambda conn: conn.set_trace_callback(held))
+        return held
+
+    def __call__(self, statement: str) -> None:
+        if statement.lstrip().startswith("UPDATE runs SET status = 'running'"):
+            self.inside.set()
+            self.gate.wait(CALL_TIMEOUT)
+
+    async def entered(self) -> bool:
+        """Whether a claim reached its UPDATE (waited for on a thread: not the loop's)."""
+        return await asyncio.to_thread(self.inside.wait, CALL_TIMEOUT)
+
+
 async def test_a_claim_cancelled_on_the_thread_gives_its_runs_back(db_path: Path) -> None:
     """A claim cancelled while its transaction runs still commits, and then gives its runs
     back: no run stays claimed by a task that never received it."""
@@ -173,27 +198,17 @@ async def test_a_claim_cancelled_on_the_thread_gives_its_runs_back(db_path: Path
         runs = [make_run() for _ in range(3)]
         for run in runs:
             await store.insert_run(run)
-        backend = store._backend
-        assert backend is not None
-        inside, gate = threading.Event(), threading.Event()
-
-        def hold_the_claim(statement: str) -> None:  # on the worker thread, mid-transaction
-            if statement.lstrip().startswith("UPDATE runs SET status = 'running'"):
-                inside.set()
-                gate.wait(CALL_TIMEOUT)
-
-        await backend.read(lambda conn: conn.set_trace_callback(hold_the_claim))
+        held = await _HeldClaim.on(store)
         claim = asyncio.ensure_future(store.claim_runs(2))
         try:
-            assert await asyncio.to_thread(inside.wait, CALL_TIMEOUT)
+            assert await held.entered()
             claim.cancel()
             await asyncio.sleep(0)
             assert not claim.done()  # it waits for its transaction, to give the runs back
         finally:
-            gate.set()
+            held.gate.set()
         with pytest.raises(asyncio.CancelledError):
             await claim
-        await backend.read(lambda conn: conn.set_trace_callback(None))
         assert _statuses(store) == {RunStatus.QUEUED.value: 3}
         claimed = await store.claim_runs(3)
         assert [run.id for run in claimed] == [run.id for run in runs]  # oldest first, as before
@@ -275,24 +290,15 @@ async def test_close_waits_for_a_cancelled_claim_to_give_its_runs_back(db_path: 
     store = await Store.connect(db_path)
     for _ in range(2):
         await store.insert_run(make_run())
-    backend = store._backend
-    assert backend is not None
-    inside, gate = threading.Event(), threading.Event()
-
-    def hold_the_claim(statement: str) -> None:
-        if statement.lstrip().startswith("UPDATE runs SET status = 'running'"):
-            inside.set()
-            gate.wait(CALL_TIMEOUT)
-
-    await backend.read(lambda conn: conn.set_trace_callback(hold_the_claim))
+    held = await _HeldClaim.on(store)
     claim = asyncio.ensure_future(store.claim_runs(2))
     try:
-        assert await asyncio.to_thread(inside.wait, CALL_TIMEOUT)
+        assert await held.entered()
         claim.cancel()
         closing = asyncio.ensure_future(store.close())
         await asyncio.sleep(0)
     finally:
-        gate.set()
+        held.gate.set()
     await closing
     with pytest.raises(asyncio.CancelledError):
         await claim
