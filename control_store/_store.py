@@ -317,9 +317,7 @@ class Store:
                 "use claim_next_run() for a single run"
             )
         op = partial(_sqlite.op_claim_runs, limit)
-        return await backend.write(
-            op, small=limit <= _SMALL_BATCH, undo=_sqlite.release_claimed
-        )
+        return await backend.write(op, small=limit <= _SMALL_BATCH, undo=_sqlite.release_claimed)
 
     async def record_job_outcomes(
         self, run_id: uuid.UUID, outcomes: Iterable[JobOutcome]

@@ -5,7 +5,7 @@ dependency beyond the library's; ``import control_store`` never imports this mod
 
 Exit codes: 0 success; 1 an expected failure, told in one line on stderr (bad URL, unknown
 run, locked or corrupt database, problems found by ``check``, a failed demo invariant);
-2 a usage error; 130 interrupted.
+2 a usage error; 130 interrupted by Ctrl-C (SIGINT), 143 by SIGTERM, 129 by SIGHUP.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import sys
 import time
 import uuid
@@ -47,6 +48,22 @@ DEFAULT_LIMIT: Final = 20
 
 class Failure(Exception):
     """An expected failure of a command: its message is the one line the user sees."""
+
+
+class Interrupted(Exception):
+    """The command was stopped by a signal (Ctrl-C, kill, a closed terminal)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+# Signals that stop a command as Ctrl-C does. SIGTERM (kill) and SIGHUP (a closed terminal)
+# would otherwise end the process at once, skipping the demo's clean-up, and leave its scheduler
+# processes running, re-parented to init, still claiming runs.
+STOP_SIGNALS: Final = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -791,6 +808,41 @@ def _parser() -> argparse.ArgumentParser:
 Command = Callable[[argparse.Namespace, Terminal], Coroutine[Any, Any, int]]
 
 
+async def _supervise(command: Command, args: argparse.Namespace, out: Terminal) -> int:
+    """Run ``command``; a stop signal cancels it, so its clean-up runs, then raises Interrupted.
+
+    Cancelling rather than raising KeyboardInterrupt wherever the signal lands: the command's
+    finally-clauses (the demo terminating its children, a store closing) run in order.
+    """
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(command(args, out))
+    received: list[int] = []
+
+    def stop(signum: int) -> None:
+        if not received:
+            received.append(signum)
+            task.cancel()
+
+    installed: list[tuple[int, Any]] = []
+    for signum in STOP_SIGNALS:
+        previous = signal.getsignal(signum)
+        try:
+            loop.add_signal_handler(signum, stop, signum)
+        except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
+            continue
+        installed.append((signum, previous))
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if received:
+            raise Interrupted(received[0]) from None
+        raise
+    finally:
+        for signum, previous in installed:
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     parser = _parser()
@@ -803,7 +855,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command: Command = args.command
     started = time.perf_counter()
     try:
-        code = asyncio.run(command(args, Terminal.of(sys.stdout)))
+        code = asyncio.run(_supervise(command, args, Terminal.of(sys.stdout)))
         sys.stdout.flush()  # here, so that a closed pipe is caught below, not at exit
     except (ControlError, Failure) as exc:
         message = " ".join(str(exc).split())  # one line, whatever the message held
@@ -811,16 +863,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             message += " (here: --busy-timeout SECONDS)"
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return EXIT_FAILURE
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted) as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         elapsed = time.perf_counter() - started
-        message = f"{PROG}: interrupted after {elapsed:.1f} s"
+        name = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+        message = f"{PROG}: interrupted{name} after {elapsed:.1f} s"
         if command is cmd_demo:
             message += (
                 f"; the demo's unfinished runs stay in {_shown(args)}, where the next demo would "
                 "refuse them: delete that file, or give the next demo another --url"
             )
         print(message, file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return 128 + signum
     except BrokenPipeError:
         # The reader went away (`control-store runs | head`): stop quietly. Point stdout at
         # devnull so the interpreter's final flush does not complain a second time.

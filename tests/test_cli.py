@@ -10,9 +10,11 @@ import multiprocessing
 import os
 import random
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -866,6 +868,94 @@ def test_interrupted_demo_exits_130_with_what_to_do(
     assert line.startswith("control-store: interrupted after ")
     assert f"unfinished runs stay in {path}" in line
     assert "another --url" in line
+
+
+def _wait_for(predicate: Callable[[], object], what: str) -> object:
+    """Poll ``predicate`` until it is true, and return its value; a hang fails the test."""
+    deadline = time.monotonic() + 60.0
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"still waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """The state letter and parent id of process ``pid``, or None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+    return state, int(ppid)
+
+
+def _scheduler_processes(parent: int) -> list[int]:
+    """The children of ``parent`` that multiprocessing spawned (not its resource tracker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = _proc_stat(int(entry.name))
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if stat is not None and stat[1] == parent and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _started_runs(path: Path) -> int:
+    """How many runs in ``path`` a scheduler claimed (0 while the file is not ready)."""
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=5.0)) as conn:
+            (count,) = conn.execute("SELECT count(*) FROM runs WHERE status != 'queued'").fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(count)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
+def test_demo_scheduler_processes_stop_with_their_parent(tmp_path: Path, signum: int) -> None:
+    """SIGTERM, SIGHUP or SIGKILL to a running demo: its scheduler processes end too, instead
+    of running on as orphans that claim runs; a caught signal is told in one line."""
+    path = tmp_path / "demo.db"
+    demo_process = subprocess.Popen(
+        [sys.executable, "-m", "control_store", "demo", "--url", str(path), "--runs", "200"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_clean_env(),
+    )
+    children: list[int] = []
+    try:
+        _wait_for(lambda: _started_runs(path), "a scheduler to claim a run")
+        children = _scheduler_processes(demo_process.pid)
+        assert len(children) == 2
+        demo_process.send_signal(signum)
+        _, err = demo_process.communicate(timeout=60)
+        if signum == signal.SIGKILL:
+            assert demo_process.returncode == -signal.SIGKILL
+        else:
+            assert demo_process.returncode == 128 + signum
+            (line,) = err.splitlines()
+            assert line.startswith(f"control-store: interrupted by {signal.Signals(signum).name}")
+        _wait_for(lambda: all(_ended(pid) for pid in children), "the scheduler processes to end")
+        assert _started_runs(path) < 200  # they stopped claiming: runs are left queued
+    finally:
+        demo_process.kill()
+        demo_process.wait()
+        for pid in children:
+            if not _ended(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` is gone, or a zombie nobody reaped yet."""
+    stat = _proc_stat(pid)
+    return stat is None or stat[0] == "Z"
 
 
 def test_messages_never_show_a_password(capsys: pytest.CaptureFixture[str]) -> None:
