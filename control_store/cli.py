@@ -13,7 +13,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
+import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -83,7 +86,8 @@ class Terminal:
     @classmethod
     def of(cls, stream: TextIO) -> Terminal:
         tty = stream.isatty()
-        encoding = (getattr(stream, "encoding", None) or "ascii").lower().replace("-", "")
+        encoding = (getattr(stream, "encoding", None) or "ascii").lower()
+        encoding = encoding.replace("-", "").replace("_", "")
         color = tty and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
         # Off a terminal (a pipe, a file) nothing is cut: the reader may be grep.
         width = _width() if tty else 1_000_000
@@ -107,13 +111,38 @@ class Terminal:
     def print(self, text: str = "") -> None:
         print(text, file=self.stream)
 
+    def json(self, value: object) -> str:
+        """``value`` as JSON this stream can encode: non-ASCII escaped unless it is Unicode."""
+        return _json(value, ascii_only=not self.unicode)
+
 
 def _width() -> int:
     return max(60, shutil.get_terminal_size((100, 24)).columns)
 
 
-def _json(value: object) -> str:
-    return msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
+def _json(value: object, *, ascii_only: bool = False) -> str:
+    """``value`` as indented JSON; with ``ascii_only``, every non-ASCII character escaped
+    (\\uXXXX, as json.dumps's ensure_ascii), so a stream that cannot encode it still gets valid
+    JSON that decodes to the same strings."""
+    text = msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
+    if ascii_only:
+        # Outside strings JSON is ASCII: every match is inside a string, where an escape is valid.
+        text = _NON_ASCII.sub(lambda match: json.dumps(match.group())[1:-1], text)
+    return text
+
+
+_NON_ASCII: Final = re.compile(r"[^\x00-\x7f]")
+
+
+def _tolerant(stream: TextIO | None) -> Callable[[], None]:
+    """Make ``stream`` write what its encoding cannot as backslash escapes (a run's manifest in
+    Japanese to an ASCII terminal, PYTHONIOENCODING=latin-1) instead of raising
+    UnicodeEncodeError mid-output; return the function that restores it."""
+    if not isinstance(stream, io.TextIOWrapper) or stream.errors == "backslashreplace":
+        return lambda: None
+    errors = stream.errors
+    stream.reconfigure(errors="backslashreplace")
+    return lambda: stream.reconfigure(errors=errors)
 
 
 _STATUS_COLOR: Final = {"queued": "2", "running": "33", "done": "32"}
@@ -217,7 +246,9 @@ async def cmd_migrate(args: argparse.Namespace, out: Terminal) -> int:
         async with store:
             states = await store.migration_status()
         if args.json:
-            out.print(_json([asdict(s) | {"applied": s.installed_on is not None} for s in states]))
+            out.print(
+                out.json([asdict(s) | {"applied": s.installed_on is not None} for s in states])
+            )
             return EXIT_OK
         rows = [
             [
@@ -235,7 +266,7 @@ async def cmd_migrate(args: argparse.Namespace, out: Terminal) -> int:
         states = await store.migration_status()
     current = max((s.version for s in states if s.installed_on), default=0)
     if args.json:
-        out.print(_json({"applied": applied, "version": current}))
+        out.print(out.json({"applied": applied, "version": current}))
     elif applied:
         for state in states:
             if state.version in applied:
@@ -264,7 +295,7 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
     more = limit is not None and len(runs) > limit
     runs = runs[:limit]
     if args.json:
-        out.print(_json(runs))
+        out.print(out.json(runs))
         return EXIT_OK
     if not runs:
         which = f"{args.status} runs" if args.status else "runs"
@@ -444,7 +475,7 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
         }
         if untallied:  # only past the limits: otherwise the output is what it always was
             shown["errors_not_tallied"] = untallied
-        out.print(_json(shown))
+        out.print(out.json(shown))
         return EXIT_OK
     now = datetime.now(UTC)
     created = run.created_at.strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -504,7 +535,7 @@ async def cmd_check(args: argparse.Namespace, out: Terminal) -> int:
     async with await _open_existing(args) as store:
         problems = await store.check()
     if args.json:
-        out.print(_json({"ok": not problems, "problems": problems}))
+        out.print(out.json({"ok": not problems, "problems": problems}))
     elif problems:
         for problem in problems:
             where = f"{problem.table} {problem.row_id}".strip()
@@ -556,7 +587,7 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
     snap = result.snapshot
     if args.json:
         out.print(
-            _json(
+            out.json(
                 {
                     "ok": ok,
                     "config": asdict(config) | {"jobs_per_run": config.jobs_per_run},
@@ -852,6 +883,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if not hasattr(args, "json"):
         args.json = False
+    restore = [_tolerant(sys.stdout), _tolerant(sys.stderr)]
+    try:
+        return _main(args)
+    finally:
+        for undo in restore:
+            undo()
+
+
+def _main(args: argparse.Namespace) -> int:
     command: Command = args.command
     started = time.perf_counter()
     try:

@@ -622,6 +622,55 @@ def test_broken_pipe_exits_quietly(populated: tuple[Path, Run, Run]) -> None:
 # As shipped: a real process, the console script, and the library's import path
 
 
+async def _populate_unicode(path: Path) -> Run:
+    """One run whose manifest, models and error message are not ASCII."""
+    run = Run("évals/日本語.yaml", ["modèle-ñ", "モデル"], 1, 2)
+    async with Store.connect(path) as store:
+        await store.insert_run(run)
+        jobs = make_jobs(run)
+        await store.insert_jobs(jobs)
+        await store.claim_next_run()
+        await store.record_job_outcome(run.id, JobOutcome(jobs[0].id, error="délai dépassé ⏱"))
+    return run
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_output_survives_a_stream_that_cannot_encode_the_data(
+    tmp_path: Path, encoding: str
+) -> None:
+    """With PYTHONIOENCODING=ascii or latin-1, every command prints non-ASCII data (and a
+    non-ASCII path) as escapes, and its JSON stays valid and decodes to the stored text."""
+    path = tmp_path / "日本.db"
+    run = asyncio.run(_populate_unicode(path))
+    env = _clean_env() | {"PYTHONIOENCODING": encoding}
+
+    def cli_output(*argv: str) -> tuple[int, str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "control_store", *argv, "--url", str(path)],
+            capture_output=True,
+            env=env,
+            check=False,
+        )
+        assert b"Traceback" not in done.stderr, done.stderr
+        return done.returncode, done.stdout.decode(encoding)
+
+    code, out = cli_output("runs")
+    assert code == 0
+    assert "\\u65e5" in out or "\\xe9" in out  # the manifest, escaped
+    code, out = cli_output("runs", "--json")
+    assert code == 0
+    (shown,) = json.loads(out)
+    assert (shown["manifest"], shown["models"]) == (run.manifest, run.models)
+    code, out = cli_output("show", str(run.id))
+    assert code == 0
+    assert "d\\xe9lai" in out or "délai" in out
+    code, out = cli_output("show", str(run.id), "--json")
+    assert json.loads(out)["errors"] == [{"error": "délai dépassé ⏱", "count": 1}]
+    code, out = cli_output("check")
+    assert code == 0
+    assert out.startswith("no problems found in ")
+
+
 def test_python_dash_m_runs_the_command(populated: tuple[Path, Run, Run]) -> None:
     """python -m control_store is the CLI: JSON on stdout, exit 0; errors one line, exit 1."""
     path, older, _ = populated
