@@ -53,6 +53,14 @@ class Failure(Exception):
     """An expected failure of a command: its message is the one line the user sees."""
 
 
+class OutputError(Exception):
+    """Standard output failed (a closed pipe, a full disk); ``error`` is the OSError."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class Interrupted(Exception):
     """The command was stopped by a signal (Ctrl-C, kill, a closed terminal)."""
 
@@ -109,7 +117,20 @@ class Terminal:
         return "ok  " if ok else "FAIL"
 
     def print(self, text: str = "") -> None:
-        print(text, file=self.stream)
+        self.write(text + "\n")
+
+    def write(self, text: str) -> None:
+        """Write ``text``; an OSError of the stream (EPIPE, ENOSPC) becomes OutputError."""
+        try:
+            self.stream.write(text)
+        except OSError as exc:
+            raise OutputError(exc) from exc
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as exc:
+            raise OutputError(exc) from exc
 
     def json(self, value: object) -> str:
         """``value`` as JSON this stream can encode: non-ASCII escaped unless it is Unicode."""
@@ -578,9 +599,12 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
             )
         if human:
             _describe_demo(out, config)
+            out.flush()  # now: a reader that is gone (demo | head -1) is noticed before work
+        args.demo_stage = "submitting"
         runs = await _demo.submit(store, config)
         progress = _Progress(out, config.total_jobs, config.runs, enabled=human)
         result = await _demo.run_fleet(config, progress.update)
+        args.demo_stage = "finished"
         progress.finish()
         checks = await _demo.verify(store, config, runs, result)
     ok = all(c.ok for c in checks)
@@ -606,7 +630,7 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
         _summarise_demo(out, config, snap, checks, ok)
     if not ok:
         failed = "; ".join(c.name for c in checks if not c.ok)
-        print(f"{PROG}: error: demo invariant failed: {failed}", file=sys.stderr)
+        _complain(f"{PROG}: error: demo invariant failed: {failed}")
     return EXIT_OK if ok else EXIT_FAILURE
 
 
@@ -663,17 +687,18 @@ class _Progress:
         if not self._enabled:
             return
         if self._out.tty:
-            self._out.stream.write("\r\x1b[K" + _clip(self._line(snap), self._out.width - 1))
-            self._out.stream.flush()
+            self._out.write("\r\x1b[K" + _clip(self._line(snap), self._out.width - 1))
+            self._out.flush()
             self._shown = True
         elif snap.elapsed - self._last_line >= 1.0:
             self._last_line = snap.elapsed
             self._out.print(self._line(snap))
+            self._out.flush()  # a log read as it grows; and a reader gone is noticed at once
 
     def finish(self) -> None:
         if self._shown:
-            self._out.stream.write("\n")
-            self._out.stream.flush()
+            self._out.write("\n")
+            self._out.flush()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -891,17 +916,71 @@ def main(argv: Sequence[str] | None = None) -> int:
             undo()
 
 
+def _complain(line: str) -> None:
+    """Write ``line`` to stderr, if there is a stderr that works: the exit code still tells."""
+    if sys.stderr is None:  # started with stderr closed (2>&-): print would pick stdout
+        return
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr)
+        sys.stderr.flush()
+
+
+def _silence_stdout() -> None:
+    """Point stdout at devnull, so the interpreter's final flush of what could not be written
+    does not fail a second time ("Exception ignored ... BrokenPipeError")."""
+    with contextlib.suppress(OSError, ValueError):  # io.UnsupportedOperation: no fd
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def _demo_leftovers(args: argparse.Namespace) -> str:
+    """What a demo stopped early left behind, and what to do about it."""
+    stage = getattr(args, "demo_stage", None)
+    if stage is None:
+        return f"it had submitted no runs to {_shown(args)}"
+    if stage == "finished":
+        return f"its runs had all finished in {_shown(args)}"
+    # Whether any run is still queued depends on how far the schedulers got: the next demo
+    # refuses the file only then.
+    return (
+        f"its unfinished runs stay in {_shown(args)}, and a later demo refuses that file while "
+        "any of them is still queued: delete the file, or give the next demo another --url"
+    )
+
+
 def _main(args: argparse.Namespace) -> int:
     command: Command = args.command
     started = time.perf_counter()
+    if sys.stdout is None:  # started with stdout closed (>&-): nothing could be shown
+        _complain(
+            f"{PROG}: error: standard output is closed; nothing was done: run the command "
+            "with its output going somewhere (a file, a pipe, /dev/null)"
+        )
+        return EXIT_FAILURE
+    out = Terminal.of(sys.stdout)
     try:
-        code = asyncio.run(_supervise(command, args, Terminal.of(sys.stdout)))
-        sys.stdout.flush()  # here, so that a closed pipe is caught below, not at exit
+        code = asyncio.run(_supervise(command, args, out))
+        out.flush()  # here, so that a failed write is caught below, not at exit
     except (ControlError, Failure) as exc:
         message = " ".join(str(exc).split())  # one line, whatever the message held
         if isinstance(exc, DatabaseBusyError):
             message += " (here: --busy-timeout SECONDS)"
-        print(f"{PROG}: error: {message}", file=sys.stderr)
+        _complain(f"{PROG}: error: {message}")
+        return EXIT_FAILURE
+    except OutputError as exc:
+        _silence_stdout()
+        elapsed = time.perf_counter() - started
+        if command is cmd_demo:
+            # The demo stops when its output does, as a program killed by SIGPIPE would; but
+            # unlike a read command it leaves work behind, so it says so.
+            _complain(
+                f"{PROG}: error: cannot write to standard output ({exc.error}) after "
+                f"{elapsed:.1f} s, so the demo stopped; {_demo_leftovers(args)}"
+            )
+        elif not isinstance(exc.error, BrokenPipeError):
+            _complain(f"{PROG}: error: cannot write to standard output ({exc.error})")
+        # A reader that went away (`control-store runs | head`) is no error to tell: the
+        # command stops quietly, as a program killed by SIGPIPE does.
         return EXIT_FAILURE
     except (KeyboardInterrupt, Interrupted) as exc:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
@@ -909,17 +988,7 @@ def _main(args: argparse.Namespace) -> int:
         name = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
         message = f"{PROG}: interrupted{name} after {elapsed:.1f} s"
         if command is cmd_demo:
-            message += (
-                f"; the demo's unfinished runs stay in {_shown(args)}, where the next demo would "
-                "refuse them: delete that file, or give the next demo another --url"
-            )
-        print(message, file=sys.stderr)
+            message += f"; {_demo_leftovers(args)}"
+        _complain(message)
         return 128 + signum
-    except BrokenPipeError:
-        # The reader went away (`control-store runs | head`): stop quietly. Point stdout at
-        # devnull so the interpreter's final flush does not complain a second time.
-        with contextlib.suppress(OSError):  # io.UnsupportedOperation: stdout has no fd
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_FAILURE
     return code

@@ -618,6 +618,62 @@ def test_broken_pipe_exits_quietly(populated: tuple[Path, Run, Run]) -> None:
     assert done.stderr == ""
 
 
+def _shell(command: str, *argv: str) -> Result:
+    """``python -m control_store argv`` run by sh with ``command``'s redirections: ``$@``."""
+    done = subprocess.run(
+        ["/bin/sh", "-c", command, "sh", sys.executable, "-m", "control_store", *argv],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+        check=False,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_closed_stdout_fails_in_one_line(populated: tuple[Path, Run, Run]) -> None:
+    """Started with stdout closed (>&-), a command does nothing and says why, in one line."""
+    path, _, _ = populated
+    code, _, err = _shell('exec "$@" >&-', "runs", "--url", str(path))
+    assert code == 1
+    (line,) = err.splitlines()
+    assert line.startswith("control-store: error: standard output is closed")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_disk_under_stdout_fails_in_one_line(populated: tuple[Path, Run, Run]) -> None:
+    """Output to a full disk (/dev/full) is told in one line naming the error, exit 1."""
+    path, _, _ = populated
+    for argv in (["runs"], ["migrate", "--status", "--json"]):
+        code, _, err = _shell('exec "$@" > /dev/full', *argv, "--url", str(path))
+        assert code == 1
+        (line,) = err.splitlines()
+        assert line.startswith("control-store: error: cannot write to standard output")
+        assert "No space left on device" in line
+
+
+def test_demo_whose_reader_went_away_says_what_it_left(tmp_path: Path) -> None:
+    """demo | head -1: the demo stops, exit 1, and says in one line why and what it left."""
+    read, write = os.pipe()
+    os.close(read)  # every write to the pipe now fails with EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "control_store", "demo", *SMALL_DEMO],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+            env=_clean_env(),
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("control-store: error: cannot write to standard output")
+    assert "the demo stopped" in line
+    assert "it had submitted no runs" in line
+
+
 # ---------------------------------------------------------------------------------------------
 # As shipped: a real process, the console script, and the library's import path
 
