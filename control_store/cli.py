@@ -53,6 +53,10 @@ class Failure(Exception):
     """An expected failure of a command: its message is the one line the user sees."""
 
 
+class UsageError(Failure):
+    """Options that cannot work together or at all: exit 2, as argparse's own usage errors."""
+
+
 class OutputError(Exception):
     """Standard output failed (a closed pipe, a full disk); ``error`` is the OSError."""
 
@@ -571,9 +575,18 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
     """Run the demo fleet and verify its invariants against the database."""
     from . import _demo  # only the demo needs multiprocessing and the fleet's code
 
+    url = _url(args)
+    if _sqlite.parse_url(url) == _sqlite.MEMORY:
+        # Each scheduler process would open its own new, empty in-memory database: the runs
+        # submitted here would never be claimed, and the checks would blame the store.
+        raise UsageError(
+            f"the demo cannot run on an in-memory database (URL {_sqlite.redact(url)!r}): its "
+            "scheduler processes each open the URL, and would each get a new empty database; "
+            "give it a file: --url sqlite://demo.db"
+        )
     seed = _demo.new_seed() if args.seed is None else args.seed
     config = _demo.DemoConfig(
-        url=_url(args),
+        url=url,
         runs=args.runs,
         models=args.models,
         samples=args.samples,
@@ -966,7 +979,7 @@ def _main(args: argparse.Namespace) -> int:
         if isinstance(exc, DatabaseBusyError):
             message += " (here: --busy-timeout SECONDS)"
         _complain(f"{PROG}: error: {message}")
-        return EXIT_FAILURE
+        return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILURE
     except OutputError as exc:
         _silence_stdout()
         elapsed = time.perf_counter() - started

@@ -840,6 +840,28 @@ def test_demo_refuses_a_database_with_queued_runs(
     assert len(_stored_runs(path)) == 2
 
 
+@pytest.mark.parametrize("from_env", [False, True])
+def test_demo_refuses_an_in_memory_database_as_a_usage_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, from_env: bool
+) -> None:
+    """demo on sqlite::memory: (option or environment) exits 2 before starting anything, naming
+    a file URL as the fix: each scheduler process would get its own empty database."""
+    launched: list[object] = []
+    monkeypatch.setattr(demo, "run_fleet", lambda *a: launched.append(a))
+    if from_env:
+        monkeypatch.setenv(cli.URL_ENV, "sqlite::memory:")
+        argv = ["demo"]
+    else:
+        monkeypatch.delenv(cli.URL_ENV, raising=False)
+        argv = ["demo", "--url", "sqlite::memory:"]
+    code, out, err = run_cli(capsys, *argv)
+    assert (code, out) == (2, "")
+    (line,) = err.splitlines()
+    assert line.startswith("control-store: error: the demo cannot run on an in-memory database")
+    assert "--url sqlite://demo.db" in line
+    assert launched == []
+
+
 def test_demo_exits_1_when_the_fleet_did_nothing(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
