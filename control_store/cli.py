@@ -181,6 +181,18 @@ def _age(then: datetime, now: datetime) -> str:
     return f"{int(seconds)}s"
 
 
+# C0 controls, DEL and C1 controls: stored text (a manifest, a model name, an error message)
+# holding them would drive the terminal: "\n" forges a row, ESC [2J clears the screen, ESC ]
+# sets the window title.
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(text: str) -> str:
+    """``text`` with every control character shown as its Python escape (\\n, \\x1b, \\x85),
+    for output meant for a person; JSON escapes them itself."""
+    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], text)
+
+
 def _clip(text: str, width: int) -> str:
     if len(text) <= width:
         return text
@@ -188,7 +200,9 @@ def _clip(text: str, width: int) -> str:
 
 
 def _table(term: Terminal, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """Left-aligned columns; the last column is cut to the terminal's width."""
+    """Left-aligned columns; the last column is cut to the terminal's width. Every cell is
+    shown printable (see _printable)."""
+    rows = [[_printable(cell) for cell in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     fixed = sum(widths[:-1]) + 2 * (len(widths) - 1)
     widths[-1] = max(len(header[-1]), min(widths[-1], term.width - fixed))
@@ -211,8 +225,8 @@ def _url(args: argparse.Namespace) -> str:
 
 
 def _shown(args: argparse.Namespace) -> str:
-    """The URL as messages show it: any password replaced."""
-    return _sqlite.redact(_url(args))
+    """The URL as messages show it: any password replaced, control characters escaped."""
+    return _printable(_sqlite.redact(_url(args)))
 
 
 def _busy_timeout(args: argparse.Namespace) -> float:
@@ -334,13 +348,13 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
             run.status.value,
             f"{out.bar(run.done_count, run.job_count)} {_fraction(run)}",
             _age(run.created_at, now),
-            _clip(run.manifest, 40 if out.tty else out.width),
+            _clip(_printable(run.manifest), 40 if out.tty else out.width),
         ]
         for run in runs
     ]
     used = sum(max(len(h), *(len(r[i]) for r in rows)) + 2 for i, h in enumerate(header[:-1]))
     for row, run in zip(rows, runs, strict=True):
-        row.append(_fit_names(run.models, out.width - used))
+        row.append(_fit_names([_printable(m) for m in run.models], out.width - used))
     _table(out, header, rows)
     if more:
         out.print(f"(newest {limit} shown; --limit N for more, --all for every run)")
@@ -508,8 +522,8 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
         ("run", str(run.id)),
         ("status", out.paint(run.status.value, _STATUS_COLOR[run.status.value])),
         ("progress", f"{out.bar(run.done_count, run.job_count, 24)} {_fraction(run)}"),
-        ("manifest", run.manifest),
-        ("models", ", ".join(run.models)),
+        ("manifest", _printable(run.manifest)),
+        ("models", _printable(", ".join(run.models))),
         ("epochs", str(run.epochs)),
         ("created", f"{created} ({_age(run.created_at, now)} ago)"),
         (
@@ -532,7 +546,7 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
         out.print()
         out.print("most common errors:")
         for error, n in errors.most_common(5):
-            out.print(f"  {n:>6,}  {_clip(error.replace(chr(10), ' '), out.width - 10)}")
+            out.print(f"  {n:>6,}  {_clip(_printable(error), out.width - 10)}")
         if untallied:
             out.print(
                 f"  {untallied:>6,}  more, not tallied by message: only the first "
@@ -563,8 +577,8 @@ async def cmd_check(args: argparse.Namespace, out: Terminal) -> int:
         out.print(out.json({"ok": not problems, "problems": problems}))
     elif problems:
         for problem in problems:
-            where = f"{problem.table} {problem.row_id}".strip()
-            out.print(f"{where}: {problem.message}")
+            where = _printable(f"{problem.table} {problem.row_id}".strip())
+            out.print(f"{where}: {_printable(problem.message)}")
         out.print(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} found")
     else:
         out.print(f"no problems found in {_shown(args)}")
@@ -934,7 +948,7 @@ def _complain(line: str) -> None:
     if sys.stderr is None:  # started with stderr closed (2>&-): print would pick stdout
         return
     with contextlib.suppress(OSError):
-        print(line, file=sys.stderr)
+        print(_printable(line), file=sys.stderr)
         sys.stderr.flush()
 
 

@@ -219,7 +219,43 @@ def test_show_prints_the_run_for_a_person(
     assert f"run       {older.id}" in out
     assert "queued 1  running 0  done 3  (of 4)" in out
     assert "3 recorded, 2 scored, mean score 0.500 (min 0.000, max 1.000), 1 errors" in out
-    assert "boom at line 2" in out  # a multi-line error stays on its line
+    assert "boom\\nat line 2" in out  # one line: its newline escaped
+
+
+HOSTILE = "x\nFORGED-ROW  done  9/9\x1b[2J\x1b]0;title\x07\x9b\x7f"
+
+
+async def _populate_hostile(path: Path) -> Run:
+    """One run whose manifest, model and error message hold control characters."""
+    run = Run(HOSTILE, ["m\r\x1b[31mred"], 1, 1)
+    async with Store.connect(path) as store:
+        await store.insert_run(run)
+        (job,) = make_jobs(run, 1)
+        await store.insert_jobs([job])
+        await store.claim_next_run()
+        await store.record_job_outcome(run.id, JobOutcome(job.id, error="e\x1b[2J\nline 2"))
+    return run
+
+
+def test_control_characters_in_stored_text_are_escaped_for_people(
+    capsys: pytest.CaptureFixture[str], db_path: Path
+) -> None:
+    """runs and show print a control character of a manifest, a model or an error as its
+    escape: no forged row, no terminal escape sequence; --json keeps the exact text."""
+    run = asyncio.run(_populate_hostile(db_path))
+    code, out, err = run_cli(capsys, "runs", "--url", str(db_path))
+    assert (code, err) == (0, "")
+    assert len(out.splitlines()) == 2  # the header and one row: nothing forged
+    assert "x\\nFORGED-ROW" in out
+    assert "\\x1b[2J\\x1b]0;title\\x07\\x9b\\x7f" in out
+    assert "m\\r\\x1b[31mred" in out
+    code, out, err = run_cli(capsys, "show", str(run.id), "--url", str(db_path))
+    assert (code, err) == (0, "")
+    assert "e\\x1b[2J\\nline 2" in out
+    for text in (out,):
+        assert not any(ch in text for ch in "\x1b\r\x07\x9b\x7f")
+    code, out, err = run_cli(capsys, "runs", "--json", "--url", str(db_path))
+    assert json.loads(out)[0]["manifest"] == HOSTILE
 
 
 def test_show_an_unknown_run_fails_in_one_line(
