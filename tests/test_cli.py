@@ -23,10 +23,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from control_store import JobOutcome, Run, RunStatus, Store, cli
+from control_store import ControlError, JobOutcome, Run, RunStatus, Store, cli
 from control_store import _demo as demo
 
-from conftest import WORKERS, make_jobs, make_run, with_second_migration
+from conftest import CALL_TIMEOUT, WORKERS, make_jobs, make_run, with_second_migration
 
 Result = tuple[int, str, str]
 
@@ -1119,6 +1119,39 @@ def _ended(pid: int) -> bool:
     """Whether process ``pid`` is gone, or a zombie nobody reaped yet."""
     stat = _proc_stat(pid)
     return stat is None or stat[0] == "Z"
+
+
+# A statement that runs for minutes unless interrupted: SQLite counts to 10**9.
+ENDLESS_SQL = (
+    "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000000000) "
+    "SELECT count(*) FROM n"
+)
+
+
+async def test_backend_interrupt_stops_the_running_statement(db_path: Path) -> None:
+    """SqliteBackend.interrupt() from the event loop's thread makes the statement running on
+    the worker thread fail at once, as a ControlError, and the store stays usable."""
+    started = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def endless(conn: sqlite3.Connection) -> object:
+        loop.call_soon_threadsafe(started.set)
+        return conn.execute(ENDLESS_SQL).fetchone()
+
+    async with Store.connect(db_path) as store:
+        backend = store._backend
+        assert backend is not None
+        call = asyncio.ensure_future(backend.read(endless))
+        await started.wait()
+        deadline = loop.time() + CALL_TIMEOUT
+        while not call.done():  # an interrupt before the statement starts has no effect
+            assert loop.time() < deadline, "the statement was not interrupted"
+            backend.interrupt()
+            await asyncio.sleep(0.01)
+        with pytest.raises(ControlError, match="interrupted"):
+            await call
+        assert await store.list_runs() == []
+    backend.interrupt()  # closed: nothing to interrupt, no error
 
 
 def test_messages_never_show_a_password(capsys: pytest.CaptureFixture[str]) -> None:
