@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
@@ -256,9 +257,10 @@ async def _open_existing(args: argparse.Namespace) -> Store:
     if path == _sqlite.MEMORY:
         # A new in-memory database, empty, which a read-only store refuses: migrated, so the
         # commands answer (no runs) instead of failing.
-        return await Store.connect(url, busy_timeout=_busy_timeout(args))
+        return _track(args, await Store.connect(url, busy_timeout=_busy_timeout(args)))
     try:
-        return await Store.connect(url, busy_timeout=_busy_timeout(args), read_only=True)
+        store = await Store.connect(url, busy_timeout=_busy_timeout(args), read_only=True)
+        return _track(args, store)
     except PendingMigrationError as exc:
         names = ", ".join(f"{version} ({description})" for version, description in exc.pending)
         older = (
@@ -301,6 +303,7 @@ async def cmd_migrate(args: argparse.Namespace, out: Terminal) -> int:
         _table(out, ["VERSION", "DESCRIPTION", "STATE", "INSTALLED ON"], rows)
         return EXIT_OK
     async with Store.connect(url, busy_timeout=_busy_timeout(args), migrate=False) as store:
+        _track(args, store)
         applied = await store.migrate()
         states = await store.migration_status()
     current = max((s.version for s in states if s.installed_on), default=0)
@@ -321,8 +324,10 @@ async def _open_for_status(args: argparse.Namespace) -> Store:
     url = _url(args)
     path = _database_path(url, create_hint=f"create one with '{PROG} migrate'")
     if path == _sqlite.MEMORY:
-        return await Store.connect(url, busy_timeout=_busy_timeout(args), migrate=False)
-    return await connect_any_version(url, busy_timeout=_busy_timeout(args))
+        return _track(
+            args, await Store.connect(url, busy_timeout=_busy_timeout(args), migrate=False)
+        )
+    return _track(args, await connect_any_version(url, busy_timeout=_busy_timeout(args)))
 
 
 async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
@@ -617,6 +622,7 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
     )
     human = not args.json
     async with Store.connect(config.url, busy_timeout=config.busy_timeout) as store:
+        _track(args, store)
         queued = await store.list_runs(status=RunStatus.QUEUED, limit=1)
         if queued:
             raise Failure(
@@ -890,21 +896,57 @@ def _parser() -> argparse.ArgumentParser:
 
 Command = Callable[[argparse.Namespace, Terminal], Coroutine[Any, Any, int]]
 
+# After a stop signal: how often the running statement is interrupted again (an interrupt that
+# lands between two statements has no effect), and how long the clean-up may take before the
+# process exits anyway. SQLite's lock wait (busy_timeout) ignores an interrupt: a command
+# waiting on another process's lock would otherwise stay deaf for the whole wait. Exiting then
+# is safe: a transaction cut short by the process's end is rolled back by SQLite.
+INTERRUPT_REPEAT_SECONDS: Final = 0.1
+STOP_GRACE_SECONDS: Final = 1.0
 
-async def _supervise(command: Command, args: argparse.Namespace, out: Terminal) -> int:
+
+def _track(args: argparse.Namespace, store: Store) -> Store:
+    """Remember ``store``, so that a stop signal can interrupt what runs on it."""
+    args.open_stores.append(store)
+    return store
+
+
+def _interrupt(stores: Sequence[Store]) -> None:
+    for store in stores:
+        backend = store._backend  # the CLI is part of the package: the private hook is its own
+        if backend is not None:
+            backend.interrupt()
+
+
+async def _supervise(
+    command: Command,
+    args: argparse.Namespace,
+    out: Terminal,
+    stuck: Callable[[int], None] = lambda signum: None,
+) -> int:
     """Run ``command``; a stop signal cancels it, so its clean-up runs, then raises Interrupted.
 
     Cancelling rather than raising KeyboardInterrupt wherever the signal lands: the command's
-    finally-clauses (the demo terminating its children, a store closing) run in order.
+    finally-clauses (the demo terminating its children, a store closing) run in order. The
+    statement running on any open store is interrupted; ``stuck(signum)`` is called if the
+    command has still not ended STOP_GRACE_SECONDS later.
     """
     loop = asyncio.get_running_loop()
+    args.open_stores = []
     task = loop.create_task(command(args, out))
     received: list[int] = []
+
+    def interrupt() -> None:
+        if not task.done():
+            _interrupt(args.open_stores)
+            loop.call_later(INTERRUPT_REPEAT_SECONDS, interrupt)
 
     def stop(signum: int) -> None:
         if not received:
             received.append(signum)
             task.cancel()
+            interrupt()
+            loop.call_later(STOP_GRACE_SECONDS, lambda: None if task.done() else stuck(signum))
 
     installed: list[tuple[int, Any]] = []
     for signum in STOP_SIGNALS:
@@ -941,6 +983,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for undo in restore:
             undo()
+
+
+def _interrupted(args: argparse.Namespace, signum: int, started: float) -> str:
+    elapsed = time.perf_counter() - started
+    name = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+    message = f"{PROG}: interrupted{name} after {elapsed:.1f} s"
+    if args.command is cmd_demo:
+        message += f"; {_demo_leftovers(args)}"
+    return message
+
+
+def _exit_now(args: argparse.Namespace, started: float, signum: int) -> None:
+    """End the process at once: the clean-up after a stop signal is stuck in SQLite (a lock
+    wait), and SQLite rolls back whatever the process's end cuts short."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    _complain(_interrupted(args, signum, started) + " (stopped while waiting for the database)")
+    os._exit(128 + signum)
 
 
 def _complain(line: str) -> None:
@@ -986,7 +1046,7 @@ def _main(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     out = Terminal.of(sys.stdout)
     try:
-        code = asyncio.run(_supervise(command, args, out))
+        code = asyncio.run(_supervise(command, args, out, partial(_exit_now, args, started)))
         out.flush()  # here, so that a failed write is caught below, not at exit
     except (ControlError, Failure) as exc:
         message = " ".join(str(exc).split())  # one line, whatever the message held
@@ -1011,11 +1071,6 @@ def _main(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     except (KeyboardInterrupt, Interrupted) as exc:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
-        elapsed = time.perf_counter() - started
-        name = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
-        message = f"{PROG}: interrupted{name} after {elapsed:.1f} s"
-        if command is cmd_demo:
-            message += f"; {_demo_leftovers(args)}"
-        _complain(message)
+        _complain(_interrupted(args, signum, started))
         return 128 + signum
     return code

@@ -14,6 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from control_store import ControlError, JobOutcome, Run, RunStatus, Store, cli
+from control_store import ControlError, JobOutcome, Run, RunStatus, Store, _sqlite, cli
 from control_store import _demo as demo
 
 from conftest import CALL_TIMEOUT, WORKERS, make_jobs, make_run, with_second_migration
@@ -1152,6 +1153,40 @@ async def test_backend_interrupt_stops_the_running_statement(db_path: Path) -> N
             await call
         assert await store.list_runs() == []
     backend.interrupt()  # closed: nothing to interrupt, no error
+
+
+def test_ctrl_c_interrupts_a_long_check(
+    capsys: pytest.CaptureFixture[str], db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGINT during a long check interrupts its SQLite statement (not waiting for its end) and
+    exits 130 with one line."""
+    started = threading.Event()
+    interrupted: list[str] = []
+
+    def endless_check(conn: sqlite3.Connection) -> list[object]:
+        started.set()
+        try:
+            conn.execute(ENDLESS_SQL).fetchone()
+        except sqlite3.OperationalError as exc:
+            interrupted.append(str(exc))
+            raise
+        return []
+
+    def ctrl_c() -> None:
+        if started.wait(CALL_TIMEOUT):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(_sqlite, "op_check", endless_check)
+    sender = threading.Thread(target=ctrl_c)
+    sender.start()
+    try:
+        code, out, err = run_cli(capsys, "check", "--url", str(db_path))
+    finally:
+        sender.join()
+    assert (code, out) == (130, "")
+    (line,) = err.splitlines()
+    assert line.startswith("control-store: interrupted after ")
+    assert interrupted == ["interrupted"]
 
 
 def test_messages_never_show_a_password(capsys: pytest.CaptureFixture[str]) -> None:
