@@ -902,7 +902,7 @@ Command = Callable[[argparse.Namespace, Terminal], Coroutine[Any, Any, int]]
 # waiting on another process's lock would otherwise stay deaf for the whole wait. Exiting then
 # is safe: a transaction cut short by the process's end is rolled back by SQLite.
 INTERRUPT_REPEAT_SECONDS: Final = 0.1
-STOP_GRACE_SECONDS: Final = 1.0
+STOP_GRACE_SECONDS: Final = 3.0
 
 
 def _track(args: argparse.Namespace, store: Store) -> Store:
