@@ -18,6 +18,7 @@ import collections
 import contextlib
 import hashlib
 import multiprocessing
+import os
 import random
 import signal
 import sys
@@ -254,15 +255,43 @@ async def _dispatch_page(
             group.create_task(_worker(store, run, todo, config, rng, tally, redispatch))
 
 
-async def _scheduler_process(config: DemoConfig, process: int, tally: _Tally) -> None:
+# How often a scheduler process looks whether its parent is still there.
+PARENT_POLL_SECONDS: Final = 0.2
+
+
+class ParentGoneError(Exception):
+    """The demo's parent process ended: its scheduler processes must stop too."""
+
+
+async def _watch_parent(parent: int) -> None:
+    """Raise ParentGoneError once this process's parent is no longer ``parent``.
+
+    A parent killed with SIGKILL cannot terminate its children, and the pipe to it tells a
+    child nothing until the child writes; but the kernel re-parents an orphan at once, so
+    os.getppid() changes, on every POSIX system.
+    """
+    # Polled: no event or signal tells a process that its parent died (PR_SET_PDEATHSIG is
+    # Linux only).
+    while os.getppid() == parent:  # noqa: ASYNC110
+        await asyncio.sleep(PARENT_POLL_SECONDS)
+    raise ParentGoneError(
+        f"the demo's process {parent} is gone: this scheduler process stopped claiming runs"
+    )
+
+
+async def _scheduler_process(config: DemoConfig, process: int, tally: _Tally, parent: int) -> None:
     async with (
         Store.connect(config.url, busy_timeout=config.busy_timeout) as store,
         asyncio.TaskGroup() as group,
     ):
-        for index in range(config.schedulers_of(process)):
-            # Fault injection, not cryptography: a seeded generator makes a demo repeatable.
-            rng = random.Random(f"{config.seed}/{process}/{index}")  # noqa: S311
-            group.create_task(_scheduler(store, config, rng, tally))
+        watcher = group.create_task(_watch_parent(parent))
+        async with asyncio.TaskGroup() as schedulers:  # cancelled if the watcher raises
+            for index in range(config.schedulers_of(process)):
+                # Fault injection, not cryptography: a seeded generator gives each scheduler
+                # its own stream of faults (see new_seed for what a seed does not fix).
+                rng = random.Random(f"{config.seed}/{process}/{index}")  # noqa: S311
+                schedulers.create_task(_scheduler(store, config, rng, tally))
+        watcher.cancel()
 
 
 def first_error(exc: BaseException) -> BaseException:
@@ -273,15 +302,20 @@ def first_error(exc: BaseException) -> BaseException:
 
 
 def scheduler_process(
-    config: DemoConfig, process: int, counters: Counters, conn: Connection
+    config: DemoConfig, process: int, counters: Counters, conn: Connection, parent: int
 ) -> None:
-    """A child's entry point: run its schedulers, then send a ``ProcessReport`` to the parent."""
-    # The parent owns Ctrl-C: it terminates the children, which must not print tracebacks.
+    """A child's entry point: run its schedulers, then send a ``ProcessReport`` to the parent.
+
+    ``parent`` is the parent's process id: the child stops when the parent is gone (see
+    _watch_parent), however the parent ended.
+    """
+    # The parent owns Ctrl-C (which the terminal sends to the whole process group), as it owns
+    # SIGTERM and SIGHUP: it terminates the children, which must not print tracebacks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     tally = _Tally(counters)
     error: str | None = None
     try:
-        asyncio.run(_scheduler_process(config, process, tally))
+        asyncio.run(_scheduler_process(config, process, tally, parent))
     except BaseException as exc:  # reported to the parent, which decides how to fail
         leaf = first_error(exc)
         if isinstance(leaf, ControlError):
@@ -360,7 +394,7 @@ async def run_fleet(config: DemoConfig, on_progress: Callable[[Snapshot], None])
             receiver, sender = context.Pipe(duplex=False)
             child = context.Process(
                 target=scheduler_process,
-                args=(config, index, counters, sender),
+                args=(config, index, counters, sender, os.getpid()),
                 name=f"control-store-demo-scheduler-{index}",
                 daemon=True,
             )

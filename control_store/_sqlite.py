@@ -1448,6 +1448,13 @@ class SqliteBackend:
         if self.unmigrated is not None:
             raise copy.copy(self.unmigrated)
 
+    def interrupt(self) -> None:
+        """Make the statement running on the connection fail now with SQLITE_INTERRUPT (its
+        transaction rolls back), for a Ctrl-C handler: sqlite3's interrupt() may be called
+        from any thread. Not a lock wait: SQLite's busy handler sleeps through it."""
+        with contextlib.suppress(sqlite3.ProgrammingError):  # closed: nothing runs
+            self._worker.raw.interrupt()
+
     # Ops are plain functions of the connection, never bound methods of the backend: see _Worker.
     def migrate_op(self) -> Op[list[int]]:
         return partial(migrate, database=self._database)

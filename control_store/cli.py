@@ -5,7 +5,7 @@ dependency beyond the library's; ``import control_store`` never imports this mod
 
 Exit codes: 0 success; 1 an expected failure, told in one line on stderr (bad URL, unknown
 run, locked or corrupt database, problems found by ``check``, a failed demo invariant);
-2 a usage error; 130 interrupted.
+2 a usage error; 130 interrupted by Ctrl-C (SIGINT), 143 by SIGTERM, 129 by SIGHUP.
 """
 
 from __future__ import annotations
@@ -13,8 +13,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
+import json
 import os
+import re
 import shutil
+import signal
 import sys
 import time
 import uuid
@@ -22,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TextIO
 
@@ -49,6 +54,34 @@ class Failure(Exception):
     """An expected failure of a command: its message is the one line the user sees."""
 
 
+class UsageError(Failure):
+    """Options that cannot work together or at all: exit 2, as argparse's own usage errors."""
+
+
+class OutputError(Exception):
+    """Standard output failed (a closed pipe, a full disk); ``error`` is the OSError."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class Interrupted(Exception):
+    """The command was stopped by a signal (Ctrl-C, kill, a closed terminal)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+# Signals that stop a command as Ctrl-C does. SIGTERM (kill) and SIGHUP (a closed terminal)
+# would otherwise end the process at once, skipping the demo's clean-up, and leave its scheduler
+# processes running, re-parented to init, still claiming runs.
+STOP_SIGNALS: Final = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
 # ---------------------------------------------------------------------------------------------
 # Output: text for people (aligned tables, a bar, colour on a terminal), JSON for scripts.
 
@@ -66,7 +99,8 @@ class Terminal:
     @classmethod
     def of(cls, stream: TextIO) -> Terminal:
         tty = stream.isatty()
-        encoding = (getattr(stream, "encoding", None) or "ascii").lower().replace("-", "")
+        encoding = (getattr(stream, "encoding", None) or "ascii").lower()
+        encoding = encoding.replace("-", "").replace("_", "")
         color = tty and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
         # Off a terminal (a pipe, a file) nothing is cut: the reader may be grep.
         width = _width() if tty else 1_000_000
@@ -88,15 +122,53 @@ class Terminal:
         return "ok  " if ok else "FAIL"
 
     def print(self, text: str = "") -> None:
-        print(text, file=self.stream)
+        self.write(text + "\n")
+
+    def write(self, text: str) -> None:
+        """Write ``text``; an OSError of the stream (EPIPE, ENOSPC) becomes OutputError."""
+        try:
+            self.stream.write(text)
+        except OSError as exc:
+            raise OutputError(exc) from exc
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as exc:
+            raise OutputError(exc) from exc
+
+    def json(self, value: object) -> str:
+        """``value`` as JSON this stream can encode: non-ASCII escaped unless it is Unicode."""
+        return _json(value, ascii_only=not self.unicode)
 
 
 def _width() -> int:
     return max(60, shutil.get_terminal_size((100, 24)).columns)
 
 
-def _json(value: object) -> str:
-    return msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
+def _json(value: object, *, ascii_only: bool = False) -> str:
+    """``value`` as indented JSON; with ``ascii_only``, every non-ASCII character escaped
+    (\\uXXXX, as json.dumps's ensure_ascii), so a stream that cannot encode it still gets valid
+    JSON that decodes to the same strings."""
+    text = msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
+    if ascii_only:
+        # Outside strings JSON is ASCII: every match is inside a string, where an escape is valid.
+        text = _NON_ASCII.sub(lambda match: json.dumps(match.group())[1:-1], text)
+    return text
+
+
+_NON_ASCII: Final = re.compile(r"[^\x00-\x7f]")
+
+
+def _tolerant(stream: TextIO | None) -> Callable[[], None]:
+    """Make ``stream`` write what its encoding cannot as backslash escapes (a run's manifest in
+    Japanese to an ASCII terminal, PYTHONIOENCODING=latin-1) instead of raising
+    UnicodeEncodeError mid-output; return the function that restores it."""
+    if not isinstance(stream, io.TextIOWrapper) or stream.errors == "backslashreplace":
+        return lambda: None
+    errors = stream.errors
+    stream.reconfigure(errors="backslashreplace")
+    return lambda: stream.reconfigure(errors=errors)
 
 
 _STATUS_COLOR: Final = {"queued": "2", "running": "33", "done": "32"}
@@ -110,6 +182,18 @@ def _age(then: datetime, now: datetime) -> str:
     return f"{int(seconds)}s"
 
 
+# C0 controls, DEL and C1 controls: stored text (a manifest, a model name, an error message)
+# holding them would drive the terminal: "\n" forges a row, ESC [2J clears the screen, ESC ]
+# sets the window title.
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(text: str) -> str:
+    """``text`` with every control character shown as its Python escape (\\n, \\x1b, \\x85),
+    for output meant for a person; JSON escapes them itself."""
+    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], text)
+
+
 def _clip(text: str, width: int) -> str:
     if len(text) <= width:
         return text
@@ -117,7 +201,9 @@ def _clip(text: str, width: int) -> str:
 
 
 def _table(term: Terminal, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """Left-aligned columns; the last column is cut to the terminal's width."""
+    """Left-aligned columns; the last column is cut to the terminal's width. Every cell is
+    shown printable (see _printable)."""
+    rows = [[_printable(cell) for cell in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     fixed = sum(widths[:-1]) + 2 * (len(widths) - 1)
     widths[-1] = max(len(header[-1]), min(widths[-1], term.width - fixed))
@@ -140,8 +226,8 @@ def _url(args: argparse.Namespace) -> str:
 
 
 def _shown(args: argparse.Namespace) -> str:
-    """The URL as messages show it: any password replaced."""
-    return _sqlite.redact(_url(args))
+    """The URL as messages show it: any password replaced, control characters escaped."""
+    return _printable(_sqlite.redact(_url(args)))
 
 
 def _busy_timeout(args: argparse.Namespace) -> float:
@@ -171,9 +257,10 @@ async def _open_existing(args: argparse.Namespace) -> Store:
     if path == _sqlite.MEMORY:
         # A new in-memory database, empty, which a read-only store refuses: migrated, so the
         # commands answer (no runs) instead of failing.
-        return await Store.connect(url, busy_timeout=_busy_timeout(args))
+        return _track(args, await Store.connect(url, busy_timeout=_busy_timeout(args)))
     try:
-        return await Store.connect(url, busy_timeout=_busy_timeout(args), read_only=True)
+        store = await Store.connect(url, busy_timeout=_busy_timeout(args), read_only=True)
+        return _track(args, store)
     except PendingMigrationError as exc:
         names = ", ".join(f"{version} ({description})" for version, description in exc.pending)
         older = (
@@ -200,7 +287,9 @@ async def cmd_migrate(args: argparse.Namespace, out: Terminal) -> int:
         async with store:
             states = await store.migration_status()
         if args.json:
-            out.print(_json([asdict(s) | {"applied": s.installed_on is not None} for s in states]))
+            out.print(
+                out.json([asdict(s) | {"applied": s.installed_on is not None} for s in states])
+            )
             return EXIT_OK
         rows = [
             [
@@ -214,11 +303,12 @@ async def cmd_migrate(args: argparse.Namespace, out: Terminal) -> int:
         _table(out, ["VERSION", "DESCRIPTION", "STATE", "INSTALLED ON"], rows)
         return EXIT_OK
     async with Store.connect(url, busy_timeout=_busy_timeout(args), migrate=False) as store:
+        _track(args, store)
         applied = await store.migrate()
         states = await store.migration_status()
     current = max((s.version for s in states if s.installed_on), default=0)
     if args.json:
-        out.print(_json({"applied": applied, "version": current}))
+        out.print(out.json({"applied": applied, "version": current}))
     elif applied:
         for state in states:
             if state.version in applied:
@@ -234,8 +324,10 @@ async def _open_for_status(args: argparse.Namespace) -> Store:
     url = _url(args)
     path = _database_path(url, create_hint=f"create one with '{PROG} migrate'")
     if path == _sqlite.MEMORY:
-        return await Store.connect(url, busy_timeout=_busy_timeout(args), migrate=False)
-    return await connect_any_version(url, busy_timeout=_busy_timeout(args))
+        return _track(
+            args, await Store.connect(url, busy_timeout=_busy_timeout(args), migrate=False)
+        )
+    return _track(args, await connect_any_version(url, busy_timeout=_busy_timeout(args)))
 
 
 async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
@@ -247,7 +339,7 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
     more = limit is not None and len(runs) > limit
     runs = runs[:limit]
     if args.json:
-        out.print(_json(runs))
+        out.print(out.json(runs))
         return EXIT_OK
     if not runs:
         which = f"{args.status} runs" if args.status else "runs"
@@ -261,13 +353,13 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
             run.status.value,
             f"{out.bar(run.done_count, run.job_count)} {_fraction(run)}",
             _age(run.created_at, now),
-            _clip(run.manifest, 40 if out.tty else out.width),
+            _clip(_printable(run.manifest), 40 if out.tty else out.width),
         ]
         for run in runs
     ]
     used = sum(max(len(h), *(len(r[i]) for r in rows)) + 2 for i, h in enumerate(header[:-1]))
     for row, run in zip(rows, runs, strict=True):
-        row.append(_fit_names(run.models, out.width - used))
+        row.append(_fit_names([_printable(m) for m in run.models], out.width - used))
     _table(out, header, rows)
     if more:
         out.print(f"(newest {limit} shown; --limit N for more, --all for every run)")
@@ -427,7 +519,7 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
         }
         if untallied:  # only past the limits: otherwise the output is what it always was
             shown["errors_not_tallied"] = untallied
-        out.print(_json(shown))
+        out.print(out.json(shown))
         return EXIT_OK
     now = datetime.now(UTC)
     created = run.created_at.strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -435,8 +527,8 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
         ("run", str(run.id)),
         ("status", out.paint(run.status.value, _STATUS_COLOR[run.status.value])),
         ("progress", f"{out.bar(run.done_count, run.job_count, 24)} {_fraction(run)}"),
-        ("manifest", run.manifest),
-        ("models", ", ".join(run.models)),
+        ("manifest", _printable(run.manifest)),
+        ("models", _printable(", ".join(run.models))),
         ("epochs", str(run.epochs)),
         ("created", f"{created} ({_age(run.created_at, now)} ago)"),
         (
@@ -459,7 +551,7 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
         out.print()
         out.print("most common errors:")
         for error, n in errors.most_common(5):
-            out.print(f"  {n:>6,}  {_clip(error.replace(chr(10), ' '), out.width - 10)}")
+            out.print(f"  {n:>6,}  {_clip(_printable(error), out.width - 10)}")
         if untallied:
             out.print(
                 f"  {untallied:>6,}  more, not tallied by message: only the first "
@@ -487,11 +579,11 @@ async def cmd_check(args: argparse.Namespace, out: Terminal) -> int:
     async with await _open_existing(args) as store:
         problems = await store.check()
     if args.json:
-        out.print(_json({"ok": not problems, "problems": problems}))
+        out.print(out.json({"ok": not problems, "problems": problems}))
     elif problems:
         for problem in problems:
-            where = f"{problem.table} {problem.row_id}".strip()
-            out.print(f"{where}: {problem.message}")
+            where = _printable(f"{problem.table} {problem.row_id}".strip())
+            out.print(f"{where}: {_printable(problem.message)}")
         out.print(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} found")
     else:
         out.print(f"no problems found in {_shown(args)}")
@@ -502,9 +594,18 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
     """Run the demo fleet and verify its invariants against the database."""
     from . import _demo  # only the demo needs multiprocessing and the fleet's code
 
+    url = _url(args)
+    if _sqlite.parse_url(url) == _sqlite.MEMORY:
+        # Each scheduler process would open its own new, empty in-memory database: the runs
+        # submitted here would never be claimed, and the checks would blame the store.
+        raise UsageError(
+            f"the demo cannot run on an in-memory database (URL {_sqlite.redact(url)!r}): its "
+            "scheduler processes each open the URL, and would each get a new empty database; "
+            "give it a file: --url sqlite://demo.db"
+        )
     seed = _demo.new_seed() if args.seed is None else args.seed
     config = _demo.DemoConfig(
-        url=_url(args),
+        url=url,
         runs=args.runs,
         models=args.models,
         samples=args.samples,
@@ -521,6 +622,7 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
     )
     human = not args.json
     async with Store.connect(config.url, busy_timeout=config.busy_timeout) as store:
+        _track(args, store)
         queued = await store.list_runs(status=RunStatus.QUEUED, limit=1)
         if queued:
             raise Failure(
@@ -530,16 +632,19 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
             )
         if human:
             _describe_demo(out, config)
+            out.flush()  # now: a reader that is gone (demo | head -1) is noticed before work
+        args.demo_stage = "submitting"
         runs = await _demo.submit(store, config)
         progress = _Progress(out, config.total_jobs, config.runs, enabled=human)
         result = await _demo.run_fleet(config, progress.update)
+        args.demo_stage = "finished"
         progress.finish()
         checks = await _demo.verify(store, config, runs, result)
     ok = all(c.ok for c in checks)
     snap = result.snapshot
     if args.json:
         out.print(
-            _json(
+            out.json(
                 {
                     "ok": ok,
                     "config": asdict(config) | {"jobs_per_run": config.jobs_per_run},
@@ -558,7 +663,7 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
         _summarise_demo(out, config, snap, checks, ok)
     if not ok:
         failed = "; ".join(c.name for c in checks if not c.ok)
-        print(f"{PROG}: error: demo invariant failed: {failed}", file=sys.stderr)
+        _complain(f"{PROG}: error: demo invariant failed: {failed}")
     return EXIT_OK if ok else EXIT_FAILURE
 
 
@@ -615,17 +720,18 @@ class _Progress:
         if not self._enabled:
             return
         if self._out.tty:
-            self._out.stream.write("\r\x1b[K" + _clip(self._line(snap), self._out.width - 1))
-            self._out.stream.flush()
+            self._out.write("\r\x1b[K" + _clip(self._line(snap), self._out.width - 1))
+            self._out.flush()
             self._shown = True
         elif snap.elapsed - self._last_line >= 1.0:
             self._last_line = snap.elapsed
             self._out.print(self._line(snap))
+            self._out.flush()  # a log read as it grows; and a reader gone is noticed at once
 
     def finish(self) -> None:
         if self._shown:
-            self._out.stream.write("\n")
-            self._out.stream.flush()
+            self._out.write("\n")
+            self._out.flush()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -790,6 +896,77 @@ def _parser() -> argparse.ArgumentParser:
 
 Command = Callable[[argparse.Namespace, Terminal], Coroutine[Any, Any, int]]
 
+# After a stop signal: how often the running statement is interrupted again (an interrupt that
+# lands between two statements has no effect), and how long the clean-up may take before the
+# process exits anyway. SQLite's lock wait (busy_timeout) ignores an interrupt: a command
+# waiting on another process's lock would otherwise stay deaf for the whole wait. Exiting then
+# is safe: a transaction cut short by the process's end is rolled back by SQLite.
+INTERRUPT_REPEAT_SECONDS: Final = 0.1
+STOP_GRACE_SECONDS: Final = 3.0
+
+
+def _track(args: argparse.Namespace, store: Store) -> Store:
+    """Remember ``store``, so that a stop signal can interrupt what runs on it."""
+    args.open_stores.append(store)
+    return store
+
+
+def _interrupt(stores: Sequence[Store]) -> None:
+    for store in stores:
+        backend = store._backend  # the CLI is part of the package: the private hook is its own
+        if backend is not None:
+            backend.interrupt()
+
+
+async def _supervise(
+    command: Command,
+    args: argparse.Namespace,
+    out: Terminal,
+    stuck: Callable[[int], None] = lambda signum: None,
+) -> int:
+    """Run ``command``; a stop signal cancels it, so its clean-up runs, then raises Interrupted.
+
+    Cancelling rather than raising KeyboardInterrupt wherever the signal lands: the command's
+    finally-clauses (the demo terminating its children, a store closing) run in order. The
+    statement running on any open store is interrupted; ``stuck(signum)`` is called if the
+    command has still not ended STOP_GRACE_SECONDS later.
+    """
+    loop = asyncio.get_running_loop()
+    args.open_stores = []
+    task = loop.create_task(command(args, out))
+    received: list[int] = []
+
+    def interrupt() -> None:
+        if not task.done():
+            _interrupt(args.open_stores)
+            loop.call_later(INTERRUPT_REPEAT_SECONDS, interrupt)
+
+    def stop(signum: int) -> None:
+        if not received:
+            received.append(signum)
+            task.cancel()
+            interrupt()
+            loop.call_later(STOP_GRACE_SECONDS, lambda: None if task.done() else stuck(signum))
+
+    installed: list[tuple[int, Any]] = []
+    for signum in STOP_SIGNALS:
+        previous = signal.getsignal(signum)
+        try:
+            loop.add_signal_handler(signum, stop, signum)
+        except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
+            continue
+        installed.append((signum, previous))
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if received:
+            raise Interrupted(received[0]) from None
+        raise
+    finally:
+        for signum, previous in installed:
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, previous)
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
@@ -800,32 +977,100 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if not hasattr(args, "json"):
         args.json = False
+    restore = [_tolerant(sys.stdout), _tolerant(sys.stderr)]
+    try:
+        return _main(args)
+    finally:
+        for undo in restore:
+            undo()
+
+
+def _interrupted(args: argparse.Namespace, signum: int, started: float) -> str:
+    elapsed = time.perf_counter() - started
+    name = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+    message = f"{PROG}: interrupted{name} after {elapsed:.1f} s"
+    if args.command is cmd_demo:
+        message += f"; {_demo_leftovers(args)}"
+    return message
+
+
+def _exit_now(args: argparse.Namespace, started: float, signum: int) -> None:
+    """End the process at once: the clean-up after a stop signal is stuck in SQLite (a lock
+    wait), and SQLite rolls back whatever the process's end cuts short."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    _complain(_interrupted(args, signum, started) + " (stopped while waiting for the database)")
+    os._exit(128 + signum)
+
+
+def _complain(line: str) -> None:
+    """Write ``line`` to stderr, if there is a stderr that works: the exit code still tells."""
+    if sys.stderr is None:  # started with stderr closed (2>&-): print would pick stdout
+        return
+    with contextlib.suppress(OSError):
+        print(_printable(line), file=sys.stderr)
+        sys.stderr.flush()
+
+
+def _silence_stdout() -> None:
+    """Point stdout at devnull, so the interpreter's final flush of what could not be written
+    does not fail a second time ("Exception ignored ... BrokenPipeError")."""
+    with contextlib.suppress(OSError, ValueError):  # io.UnsupportedOperation: no fd
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def _demo_leftovers(args: argparse.Namespace) -> str:
+    """What a demo stopped early left behind, and what to do about it."""
+    stage = getattr(args, "demo_stage", None)
+    if stage is None:
+        return f"it had submitted no runs to {_shown(args)}"
+    if stage == "finished":
+        return f"its runs had all finished in {_shown(args)}"
+    # Whether any run is still queued depends on how far the schedulers got: the next demo
+    # refuses the file only then.
+    return (
+        f"its unfinished runs stay in {_shown(args)}, and a later demo refuses that file while "
+        "any of them is still queued: delete the file, or give the next demo another --url"
+    )
+
+
+def _main(args: argparse.Namespace) -> int:
     command: Command = args.command
     started = time.perf_counter()
+    if sys.stdout is None:  # started with stdout closed (>&-): nothing could be shown
+        _complain(
+            f"{PROG}: error: standard output is closed; nothing was done: run the command "
+            "with its output going somewhere (a file, a pipe, /dev/null)"
+        )
+        return EXIT_FAILURE
+    out = Terminal.of(sys.stdout)
     try:
-        code = asyncio.run(command(args, Terminal.of(sys.stdout)))
-        sys.stdout.flush()  # here, so that a closed pipe is caught below, not at exit
+        code = asyncio.run(_supervise(command, args, out, partial(_exit_now, args, started)))
+        out.flush()  # here, so that a failed write is caught below, not at exit
     except (ControlError, Failure) as exc:
         message = " ".join(str(exc).split())  # one line, whatever the message held
         if isinstance(exc, DatabaseBusyError):
             message += " (here: --busy-timeout SECONDS)"
-        print(f"{PROG}: error: {message}", file=sys.stderr)
-        return EXIT_FAILURE
-    except KeyboardInterrupt:
+        _complain(f"{PROG}: error: {message}")
+        return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILURE
+    except OutputError as exc:
+        _silence_stdout()
         elapsed = time.perf_counter() - started
-        message = f"{PROG}: interrupted after {elapsed:.1f} s"
         if command is cmd_demo:
-            message += (
-                f"; the demo's unfinished runs stay in {_shown(args)}, where the next demo would "
-                "refuse them: delete that file, or give the next demo another --url"
+            # The demo stops when its output does, as a program killed by SIGPIPE would; but
+            # unlike a read command it leaves work behind, so it says so.
+            _complain(
+                f"{PROG}: error: cannot write to standard output ({exc.error}) after "
+                f"{elapsed:.1f} s, so the demo stopped; {_demo_leftovers(args)}"
             )
-        print(message, file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        # The reader went away (`control-store runs | head`): stop quietly. Point stdout at
-        # devnull so the interpreter's final flush does not complain a second time.
-        with contextlib.suppress(OSError):  # io.UnsupportedOperation: stdout has no fd
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
+        elif not isinstance(exc.error, BrokenPipeError):
+            _complain(f"{PROG}: error: cannot write to standard output ({exc.error})")
+        # A reader that went away (`control-store runs | head`) is no error to tell: the
+        # command stops quietly, as a program killed by SIGPIPE does.
         return EXIT_FAILURE
+    except (KeyboardInterrupt, Interrupted) as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        _complain(_interrupted(args, signum, started))
+        return 128 + signum
     return code

@@ -10,9 +10,12 @@ import multiprocessing
 import os
 import random
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -21,10 +24,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from control_store import JobOutcome, Run, RunStatus, Store, cli
+from control_store import ControlError, JobOutcome, Run, RunStatus, Store, _sqlite, cli
 from control_store import _demo as demo
 
-from conftest import WORKERS, make_jobs, make_run, with_second_migration
+from conftest import CALL_TIMEOUT, WORKERS, make_jobs, make_run, with_second_migration
 
 Result = tuple[int, str, str]
 
@@ -217,7 +220,43 @@ def test_show_prints_the_run_for_a_person(
     assert f"run       {older.id}" in out
     assert "queued 1  running 0  done 3  (of 4)" in out
     assert "3 recorded, 2 scored, mean score 0.500 (min 0.000, max 1.000), 1 errors" in out
-    assert "boom at line 2" in out  # a multi-line error stays on its line
+    assert "boom\\nat line 2" in out  # one line: its newline escaped
+
+
+HOSTILE = "x\nFORGED-ROW  done  9/9\x1b[2J\x1b]0;title\x07\x9b\x7f"
+
+
+async def _populate_hostile(path: Path) -> Run:
+    """One run whose manifest, model and error message hold control characters."""
+    run = Run(HOSTILE, ["m\r\x1b[31mred"], 1, 1)
+    async with Store.connect(path) as store:
+        await store.insert_run(run)
+        (job,) = make_jobs(run, 1)
+        await store.insert_jobs([job])
+        await store.claim_next_run()
+        await store.record_job_outcome(run.id, JobOutcome(job.id, error="e\x1b[2J\nline 2"))
+    return run
+
+
+def test_control_characters_in_stored_text_are_escaped_for_people(
+    capsys: pytest.CaptureFixture[str], db_path: Path
+) -> None:
+    """runs and show print a control character of a manifest, a model or an error as its
+    escape: no forged row, no terminal escape sequence; --json keeps the exact text."""
+    run = asyncio.run(_populate_hostile(db_path))
+    code, out, err = run_cli(capsys, "runs", "--url", str(db_path))
+    assert (code, err) == (0, "")
+    assert len(out.splitlines()) == 2  # the header and one row: nothing forged
+    assert "x\\nFORGED-ROW" in out
+    assert "\\x1b[2J\\x1b]0;title\\x07\\x9b\\x7f" in out
+    assert "m\\r\\x1b[31mred" in out
+    code, out, err = run_cli(capsys, "show", str(run.id), "--url", str(db_path))
+    assert (code, err) == (0, "")
+    assert "e\\x1b[2J\\nline 2" in out
+    for text in (out,):
+        assert not any(ch in text for ch in "\x1b\r\x07\x9b\x7f")
+    code, out, err = run_cli(capsys, "runs", "--json", "--url", str(db_path))
+    assert json.loads(out)[0]["manifest"] == HOSTILE
 
 
 def test_show_an_unknown_run_fails_in_one_line(
@@ -616,8 +655,113 @@ def test_broken_pipe_exits_quietly(populated: tuple[Path, Run, Run]) -> None:
     assert done.stderr == ""
 
 
+def _shell(command: str, *argv: str) -> Result:
+    """``python -m control_store argv`` run by sh with ``command``'s redirections: ``$@``."""
+    done = subprocess.run(
+        ["/bin/sh", "-c", command, "sh", sys.executable, "-m", "control_store", *argv],
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+        check=False,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_closed_stdout_fails_in_one_line(populated: tuple[Path, Run, Run]) -> None:
+    """Started with stdout closed (>&-), a command does nothing and says why, in one line."""
+    path, _, _ = populated
+    code, _, err = _shell('exec "$@" >&-', "runs", "--url", str(path))
+    assert code == 1
+    (line,) = err.splitlines()
+    assert line.startswith("control-store: error: standard output is closed")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_disk_under_stdout_fails_in_one_line(populated: tuple[Path, Run, Run]) -> None:
+    """Output to a full disk (/dev/full) is told in one line naming the error, exit 1."""
+    path, _, _ = populated
+    for argv in (["runs"], ["migrate", "--status", "--json"]):
+        code, _, err = _shell('exec "$@" > /dev/full', *argv, "--url", str(path))
+        assert code == 1
+        (line,) = err.splitlines()
+        assert line.startswith("control-store: error: cannot write to standard output")
+        assert "No space left on device" in line
+
+
+def test_demo_whose_reader_went_away_says_what_it_left(tmp_path: Path) -> None:
+    """demo | head -1: the demo stops, exit 1, and says in one line why and what it left."""
+    read, write = os.pipe()
+    os.close(read)  # every write to the pipe now fails with EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "control_store", "demo", *SMALL_DEMO],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+            env=_clean_env(),
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("control-store: error: cannot write to standard output")
+    assert "the demo stopped" in line
+    assert "it had submitted no runs" in line
+
+
 # ---------------------------------------------------------------------------------------------
 # As shipped: a real process, the console script, and the library's import path
+
+
+async def _populate_unicode(path: Path) -> Run:
+    """One run whose manifest, models and error message are not ASCII."""
+    run = Run("évals/日本語.yaml", ["modèle-ñ", "モデル"], 1, 2)
+    async with Store.connect(path) as store:
+        await store.insert_run(run)
+        jobs = make_jobs(run)
+        await store.insert_jobs(jobs)
+        await store.claim_next_run()
+        await store.record_job_outcome(run.id, JobOutcome(jobs[0].id, error="délai dépassé ⏱"))
+    return run
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_output_survives_a_stream_that_cannot_encode_the_data(
+    tmp_path: Path, encoding: str
+) -> None:
+    """With PYTHONIOENCODING=ascii or latin-1, every command prints non-ASCII data (and a
+    non-ASCII path) as escapes, and its JSON stays valid and decodes to the stored text."""
+    path = tmp_path / "日本.db"
+    run = asyncio.run(_populate_unicode(path))
+    env = _clean_env() | {"PYTHONIOENCODING": encoding}
+
+    def cli_output(*argv: str) -> tuple[int, str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "control_store", *argv, "--url", str(path)],
+            capture_output=True,
+            env=env,
+            check=False,
+        )
+        assert b"Traceback" not in done.stderr, done.stderr
+        return done.returncode, done.stdout.decode(encoding)
+
+    code, out = cli_output("runs")
+    assert code == 0
+    assert "\\u65e5" in out or "\\xe9" in out  # the manifest, escaped
+    code, out = cli_output("runs", "--json")
+    assert code == 0
+    (shown,) = json.loads(out)
+    assert (shown["manifest"], shown["models"]) == (run.manifest, run.models)
+    code, out = cli_output("show", str(run.id))
+    assert code == 0
+    assert "d\\xe9lai" in out or "délai" in out
+    code, out = cli_output("show", str(run.id), "--json")
+    assert json.loads(out)["errors"] == [{"error": "délai dépassé ⏱", "count": 1}]
+    code, out = cli_output("check")
+    assert code == 0
+    assert out.startswith("no problems found in ")
 
 
 def test_python_dash_m_runs_the_command(populated: tuple[Path, Run, Run]) -> None:
@@ -731,6 +875,28 @@ def test_demo_refuses_a_database_with_queued_runs(
     result = run_cli(capsys, "demo", "--url", str(path))
     assert_one_line_error(result, "queued runs", str(newer.id), "--url")
     assert len(_stored_runs(path)) == 2
+
+
+@pytest.mark.parametrize("from_env", [False, True])
+def test_demo_refuses_an_in_memory_database_as_a_usage_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, from_env: bool
+) -> None:
+    """demo on sqlite::memory: (option or environment) exits 2 before starting anything, naming
+    a file URL as the fix: each scheduler process would get its own empty database."""
+    launched: list[object] = []
+    monkeypatch.setattr(demo, "run_fleet", lambda *a: launched.append(a))
+    if from_env:
+        monkeypatch.setenv(cli.URL_ENV, "sqlite::memory:")
+        argv = ["demo"]
+    else:
+        monkeypatch.delenv(cli.URL_ENV, raising=False)
+        argv = ["demo", "--url", "sqlite::memory:"]
+    code, out, err = run_cli(capsys, *argv)
+    assert (code, out) == (2, "")
+    (line,) = err.splitlines()
+    assert line.startswith("control-store: error: the demo cannot run on an in-memory database")
+    assert "--url sqlite://demo.db" in line
+    assert launched == []
 
 
 def test_demo_exits_1_when_the_fleet_did_nothing(
@@ -866,6 +1032,163 @@ def test_interrupted_demo_exits_130_with_what_to_do(
     assert line.startswith("control-store: interrupted after ")
     assert f"unfinished runs stay in {path}" in line
     assert "another --url" in line
+
+
+def _wait_for(predicate: Callable[[], object], what: str) -> object:
+    """Poll ``predicate`` until it is true, and return its value; a hang fails the test."""
+    deadline = time.monotonic() + 60.0
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"still waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """The state letter and parent id of process ``pid``, or None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+    return state, int(ppid)
+
+
+def _scheduler_processes(parent: int) -> list[int]:
+    """The children of ``parent`` that multiprocessing spawned (not its resource tracker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = _proc_stat(int(entry.name))
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if stat is not None and stat[1] == parent and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _started_runs(path: Path) -> int:
+    """How many runs in ``path`` a scheduler claimed (0 while the file is not ready)."""
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=5.0)) as conn:
+            (count,) = conn.execute("SELECT count(*) FROM runs WHERE status != 'queued'").fetchone()
+    except sqlite3.Error:
+        return 0
+    return int(count)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
+def test_demo_scheduler_processes_stop_with_their_parent(tmp_path: Path, signum: int) -> None:
+    """SIGTERM, SIGHUP or SIGKILL to a running demo: its scheduler processes end too, instead
+    of running on as orphans that claim runs; a caught signal is told in one line."""
+    path = tmp_path / "demo.db"
+    demo_process = subprocess.Popen(
+        [sys.executable, "-m", "control_store", "demo", "--url", str(path), "--runs", "200"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_clean_env(),
+    )
+    children: list[int] = []
+    try:
+        _wait_for(lambda: _started_runs(path), "a scheduler to claim a run")
+        children = _scheduler_processes(demo_process.pid)
+        assert len(children) == 2
+        demo_process.send_signal(signum)
+        _, err = demo_process.communicate(timeout=60)
+        if signum == signal.SIGKILL:
+            assert demo_process.returncode == -signal.SIGKILL
+        else:
+            assert demo_process.returncode == 128 + signum
+            (line,) = err.splitlines()
+            assert line.startswith(f"control-store: interrupted by {signal.Signals(signum).name}")
+        _wait_for(lambda: all(_ended(pid) for pid in children), "the scheduler processes to end")
+        assert _started_runs(path) < 200  # they stopped claiming: runs are left queued
+    finally:
+        demo_process.kill()
+        demo_process.wait()
+        for pid in children:
+            if not _ended(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` is gone, or a zombie nobody reaped yet."""
+    stat = _proc_stat(pid)
+    return stat is None or stat[0] == "Z"
+
+
+# A statement that runs for minutes unless interrupted: SQLite counts to 10**9.
+ENDLESS_SQL = (
+    "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000000000) "
+    "SELECT count(*) FROM n"
+)
+
+
+async def test_backend_interrupt_stops_the_running_statement(db_path: Path) -> None:
+    """SqliteBackend.interrupt() from the event loop's thread makes the statement running on
+    the worker thread fail at once, as a ControlError, and the store stays usable."""
+    started = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def endless(conn: sqlite3.Connection) -> object:
+        loop.call_soon_threadsafe(started.set)
+        return conn.execute(ENDLESS_SQL).fetchone()
+
+    async with Store.connect(db_path) as store:
+        backend = store._backend
+        assert backend is not None
+        call = asyncio.ensure_future(backend.read(endless))
+        await started.wait()
+        deadline = loop.time() + CALL_TIMEOUT
+        while not call.done():  # an interrupt before the statement starts has no effect
+            assert loop.time() < deadline, "the statement was not interrupted"
+            backend.interrupt()
+            await asyncio.sleep(0.01)
+        with pytest.raises(ControlError, match="interrupted"):
+            await call
+        assert await store.list_runs() == []
+    backend.interrupt()  # closed: nothing to interrupt, no error
+
+
+def test_ctrl_c_interrupts_a_long_check(
+    capsys: pytest.CaptureFixture[str], db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGINT during a long check interrupts its SQLite statement (not waiting for its end) and
+    exits 130 with one line."""
+    started = threading.Event()
+    interrupted: list[str] = []
+
+    def endless_check(conn: sqlite3.Connection) -> list[object]:
+        started.set()
+        try:
+            conn.execute(ENDLESS_SQL).fetchone()
+        except sqlite3.OperationalError as exc:
+            interrupted.append(str(exc))
+            raise
+        return []
+
+    def ctrl_c() -> None:
+        if started.wait(CALL_TIMEOUT):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(_sqlite, "op_check", endless_check)
+    # The last resort of a stuck clean-up is os._exit, which would end pytest on a slow day.
+    monkeypatch.setattr(cli, "_exit_now", lambda *args: None)
+    sender = threading.Thread(target=ctrl_c)
+    sender.start()
+    try:
+        code, out, err = run_cli(capsys, "check", "--url", str(db_path))
+    finally:
+        sender.join()
+    assert (code, out) == (130, "")
+    (line,) = err.splitlines()
+    assert line.startswith("control-store: interrupted after ")
+    assert interrupted == ["interrupted"]
 
 
 def test_messages_never_show_a_password(capsys: pytest.CaptureFixture[str]) -> None:
