@@ -210,6 +210,13 @@ class Store:
                 self._backend, self._closed = backend, None
             raise
 
+    def _interrupt(self) -> None:
+        """Fail the SQLite statement running now, also while the store closes (the CLI's stop
+        signals: a closing store may still wait for a long read); nothing if none runs."""
+        backend = self._backend or self._closed
+        if backend is not None:
+            backend.interrupt()
+
     def _open(self) -> _sqlite.SqliteBackend:
         """The backend, for a call that needs this library's schema: refused on a closed store,
         and on one opened with migrate=False until migrate() brought the schema up to date."""

@@ -221,13 +221,23 @@ def _table(term: Terminal, header: Sequence[str], rows: Sequence[Sequence[str]])
 
 
 def _url(args: argparse.Namespace) -> str:
-    url = getattr(args, "url", None) or os.environ.get(URL_ENV) or DEFAULT_URL
+    given = getattr(args, "url", None)
+    if given == "":
+        raise UsageError(
+            "--url is empty; name a database, e.g. --url sqlite://control.db (or leave --url "
+            f"out for ${URL_ENV}, else {DEFAULT_URL})"
+        )
+    url = given or os.environ.get(URL_ENV) or DEFAULT_URL
     return str(url)
 
 
 def _shown(args: argparse.Namespace) -> str:
     """The URL as messages show it: any password replaced, control characters escaped."""
     return _printable(_sqlite.redact(_url(args)))
+
+
+# The demo's processes all open one file and write at once: a longer default wait for the lock.
+DEMO_BUSY_TIMEOUT: Final = 30.0
 
 
 def _busy_timeout(args: argparse.Namespace) -> float:
@@ -335,7 +345,9 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
     limit = None if args.all else args.limit
     async with await _open_existing(args) as store:
         # One more than asked, to say whether there are more without counting them all.
-        runs = await store.list_runs(status=args.status, limit=None if limit is None else limit + 1)
+        # One more than shown, to tell whether there are more (none past SQLite's largest int).
+        ask = None if limit is None else min(limit + 1, _INT64_MAX)
+        runs = await store.list_runs(status=args.status, limit=ask)
     more = limit is not None and len(runs) > limit
     runs = runs[:limit]
     if args.json:
@@ -618,7 +630,7 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
         error_rate=args.error_rate,
         latency_ms=args.latency_ms,
         seed=seed,
-        busy_timeout=max(_busy_timeout(args), 30.0),
+        busy_timeout=float(getattr(args, "busy_timeout", DEMO_BUSY_TIMEOUT)),
     )
     human = not args.json
     async with Store.connect(config.url, busy_timeout=config.busy_timeout) as store:
@@ -738,13 +750,16 @@ class _Progress:
 # Arguments
 
 
+_INT64_MAX: Final = 2**63 - 1  # SQLite's largest integer: the largest limit it can take
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    if not 1 <= value <= _INT64_MAX:
+        raise argparse.ArgumentTypeError(f"{value} must be from 1 to {_INT64_MAX}")
     return value
 
 
@@ -837,7 +852,9 @@ def _parser() -> argparse.ArgumentParser:
         help="run a small evaluation fleet and verify its invariants",
         description="Submit runs, start schedulers in OS processes that claim them and "
         "dispatch their jobs to simulated workers delivering at-least-once, then verify "
-        "against the database that every job was counted exactly once.",
+        "against the database that every job was counted exactly once. Its --busy-timeout "
+        f"defaults to {DEMO_BUSY_TIMEOUT:g} s, not 5: its processes all start writing to one "
+        "file at once.",
     )
     sizes = demo.add_argument_group("sizes")
     sizes.add_argument("--runs", type=_positive_int, default=8, metavar="R", help="default: 8")
@@ -913,9 +930,7 @@ def _track(args: argparse.Namespace, store: Store) -> Store:
 
 def _interrupt(stores: Sequence[Store]) -> None:
     for store in stores:
-        backend = store._backend  # the CLI is part of the package: the private hook is its own
-        if backend is not None:
-            backend.interrupt()
+        store._interrupt()  # the CLI is part of the package: the private hook is its own
 
 
 async def _supervise(

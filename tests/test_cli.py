@@ -436,6 +436,7 @@ def test_a_locked_database_fails_in_one_line_naming_the_option(
         [],
         ["frobnicate"],
         ["runs", "--limit", "0"],
+        ["runs", "--limit", "9223372036854775808"],
         ["runs", "--status", "paused"],
         ["show"],
         ["show", "not-a-uuid"],
@@ -453,6 +454,24 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]
     assert err.startswith("usage: control-store")
     assert "error:" in err
     assert "Traceback" not in err
+
+
+def test_an_empty_url_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--url "" names nothing: exit 2 saying so, instead of quietly creating ./control.db."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, "migrate", "--url", "")
+    assert (code, out) == (2, "")
+    assert err.startswith("control-store: error: --url is empty")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_largest_limit_is_taken(capsys: pytest.CaptureFixture[str], db_path: Path) -> None:
+    """--limit up to SQLite's largest integer works (the command asks for one more run than
+    it shows, to tell whether there are more)."""
+    code, _, err = run_cli(capsys, "runs", "--limit", str(2**63 - 1), "--url", str(db_path))
+    assert (code, err) == (0, "")
 
 
 def test_help_exits_0_and_names_every_command(capsys: pytest.CaptureFixture[str]) -> None:
@@ -833,10 +852,13 @@ def test_small_demo_verifies_every_invariant(
 ) -> None:
     """A small demo in two OS processes passes every check, and the database agrees."""
     path = tmp_path / "demo.db"
-    code, out, err = run_cli(capsys, "demo", *SMALL_DEMO, "--json", "--url", str(path))
+    code, out, err = run_cli(
+        capsys, "demo", *SMALL_DEMO, "--json", "--url", str(path), "--busy-timeout", "7"
+    )
     assert (code, err) == (0, "")
     report = json.loads(out)
     assert report["ok"] is True
+    assert report["config"]["busy_timeout"] == 7  # as given, not raised to the demo's default
     assert all(check["ok"] for check in report["checks"])
     assert len(report["checks"]) == 7
     assert report["recorded"] == 60
