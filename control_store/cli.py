@@ -272,12 +272,15 @@ async def _open_existing(args: argparse.Namespace) -> Store:
         store = await Store.connect(url, busy_timeout=_busy_timeout(args), read_only=True)
         return _track(args, store)
     except PendingMigrationError as exc:
+        if not exc.found:  # no migration at all: an empty file, or another application's
+            raise Failure(
+                f"database {path!r} holds no control_store schema (it is empty, or not a "
+                f"control_store database); check the URL, or create the schema with '{PROG} "
+                f"migrate --url {_sqlite.redact(url)}' (which refuses another application's "
+                "database)"
+            ) from exc
         names = ", ".join(f"{version} ({description})" for version, description in exc.pending)
-        older = (
-            f", or read it with the control-store release whose newest migration is {exc.found}"
-            if exc.found
-            else ""
-        )
+        older = f", or read it with the control-store release whose newest migration is {exc.found}"
         raise Failure(
             f"database {path!r} has pending migrations: {names}; apply them with "
             f"'{PROG} migrate --url {_sqlite.redact(url)}' (on a copy you may not write: "

@@ -358,6 +358,14 @@ def _unmigrated(migrated: Path) -> str:
     return str(path)
 
 
+def _foreign(migrated: Path) -> str:
+    """Another application's SQLite database."""
+    path = migrated.parent / "app.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+    return str(path)
+
+
 def _corrupt_row(path: Path) -> str:
     asyncio.run(_populate(path))
     with contextlib.closing(sqlite3.connect(path)) as conn, conn:
@@ -381,7 +389,9 @@ def _newer_schema(path: Path) -> str:
         (["check"], lambda p: str(p.parent / "nodir" / "x.db"), ["does not exist"]),
         (["runs"], _garbage, ["not a SQLite database"]),
         (["check"], _garbage, ["not a SQLite database"]),
-        (["runs"], _unmigrated, ["pending migrations: 1 (init)", "control-store migrate"]),
+        (["runs"], _unmigrated, ["holds no control_store schema", "control-store migrate"]),
+        (["runs"], _foreign, ["holds no control_store schema", "not a control_store database"]),
+        (["migrate"], _foreign, ["not a control_store database", "'notes'", "left untouched"]),
         (["runs"], _corrupt_row, ["runs.models", "{oops", "repair"]),
         (["show", str(uuid.uuid4())], _newer_schema, ["migration 999", "upgrade"]),
         (["migrate"], _newer_schema, ["migration 999", "upgrade"]),
@@ -393,6 +403,8 @@ def _newer_schema(path: Path) -> str:
         "not-a-database",
         "check-not-a-database",
         "unmigrated",
+        "foreign",
+        "migrate-foreign",
         "corrupt-row",
         "newer-schema-show",
         "newer-schema-migrate",
