@@ -665,22 +665,28 @@ def test_progress_prints_plain_lines_at_most_each_second_off_a_terminal() -> Non
     assert [line.split()[1] for line in lines] == ["2/10", "4/10"]
 
 
-def test_broken_pipe_exits_quietly(populated: tuple[Path, Run, Run]) -> None:
-    """A reader that went away (runs | head) stops the command without a traceback."""
-    path, _, _ = populated
+def _into_closed_pipe(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m control_store argv`` writing its output into a pipe nobody reads."""
     read, write = os.pipe()
     os.close(read)  # every write to the pipe now fails with EPIPE
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "control_store", "runs", "--url", str(path)],
+        return subprocess.run(
+            [sys.executable, "-m", "control_store", *argv],
             stdout=write,
             stderr=subprocess.PIPE,
             text=True,
+            cwd=cwd,
             env=_clean_env(),
             check=False,
         )
     finally:
         os.close(write)
+
+
+def test_broken_pipe_exits_quietly(populated: tuple[Path, Run, Run]) -> None:
+    """A reader that went away (runs | head) stops the command without a traceback."""
+    path, _, _ = populated
+    done = _into_closed_pipe("runs", "--url", str(path))
     assert done.returncode == 1
     assert done.stderr == ""
 
@@ -720,20 +726,7 @@ def test_a_full_disk_under_stdout_fails_in_one_line(populated: tuple[Path, Run, 
 
 def test_demo_whose_reader_went_away_says_what_it_left(tmp_path: Path) -> None:
     """demo | head -1: the demo stops, exit 1, and says in one line why and what it left."""
-    read, write = os.pipe()
-    os.close(read)  # every write to the pipe now fails with EPIPE
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "control_store", "demo", *SMALL_DEMO],
-            stdout=write,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=tmp_path,
-            env=_clean_env(),
-            check=False,
-        )
-    finally:
-        os.close(write)
+    done = _into_closed_pipe("demo", *SMALL_DEMO, cwd=tmp_path)
     assert done.returncode == 1
     (line,) = done.stderr.splitlines()
     assert line.startswith("control-store: error: cannot write to standard output")
