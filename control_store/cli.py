@@ -347,8 +347,8 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
     """A table of runs, newest first, with a progress bar."""
     limit = None if args.all else args.limit
     async with await _open_existing(args) as store:
-        # One more than asked, to say whether there are more without counting them all.
-        # One more than shown, to tell whether there are more (none past SQLite's largest int).
+        # One more than asked, to say whether there are more without counting them all (but
+        # never past SQLite's largest integer).
         ask = None if limit is None else min(limit + 1, _INT64_MAX)
         runs = await store.list_runs(status=args.status, limit=ask)
     more = limit is not None and len(runs) > limit
