@@ -5,7 +5,9 @@ dependency beyond the library's; ``import control_store`` never imports this mod
 
 Exit codes: 0 success; 1 an expected failure, told in one line on stderr (bad URL, unknown
 run, locked or corrupt database, problems found by ``check``, a failed demo invariant);
-2 a usage error; 130 interrupted by Ctrl-C (SIGINT), 143 by SIGTERM, 129 by SIGHUP.
+2 a usage error; 3 an expected failure a retry may cure (the database locked past
+--busy-timeout, a full disk: the error is ``retryable``); 130 interrupted by Ctrl-C (SIGINT),
+143 by SIGTERM, 129 by SIGHUP.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ DEFAULT_URL: Final = "sqlite://control.db"
 EXIT_OK: Final = 0
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2
+# A failure a retry may cure (the error's retryable is True: the lock held past --busy-timeout,
+# a full disk, the file moved): a script can tell it from one that needs a person.
+EXIT_RETRY: Final = 3
 EXIT_INTERRUPTED: Final = 130
 DEFAULT_LIMIT: Final = 20
 
@@ -814,7 +819,9 @@ def _parser() -> argparse.ArgumentParser:
         prog=PROG,
         parents=[common],
         description="Look into a control_store database, migrate it, or run the demo fleet.",
-        epilog=f"exit codes: 0 ok, 1 failure (one line on stderr), 2 usage error. Try: {PROG} demo",
+        epilog=f"exit codes: 0 ok, 1 failure (one line on stderr), 2 usage error, 3 failure a "
+        "retry may cure (a lock held past --busy-timeout, a full disk), 130/143/129 stopped by "
+        f"SIGINT/SIGTERM/SIGHUP. Try: {PROG} demo",
     )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
 
@@ -1071,7 +1078,9 @@ def _main(args: argparse.Namespace) -> int:
         if isinstance(exc, DatabaseBusyError):
             message += " (here: --busy-timeout SECONDS)"
         _complain(f"{PROG}: error: {message}")
-        return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILURE
+        if isinstance(exc, UsageError):
+            return EXIT_USAGE
+        return EXIT_RETRY if isinstance(exc, ControlError) and exc.retryable else EXIT_FAILURE
     except OutputError as exc:
         _silence_stdout()
         elapsed = time.perf_counter() - started

@@ -432,14 +432,16 @@ def _databases(directory: Path) -> list[str]:
 def test_a_locked_database_fails_in_one_line_naming_the_option(
     capsys: pytest.CaptureFixture[str], db_path: Path
 ) -> None:
-    """migrate on a database whose write lock another connection holds: one line, exit 1."""
+    """migrate on a database whose write lock another connection holds: one line, and exit 3,
+    which tells a script that running it again may work."""
     holder = sqlite3.connect(db_path, isolation_level=None)
     try:
         holder.execute("BEGIN IMMEDIATE")
-        result = run_cli(capsys, "migrate", "--busy-timeout", "0.05", "--url", str(db_path))
+        code, out, err = run_cli(capsys, "migrate", "--busy-timeout", "0.05", "--url", str(db_path))
     finally:
         holder.close()
-    assert_one_line_error(result, "is locked", "--busy-timeout SECONDS")
+    assert code == cli.EXIT_RETRY == 3
+    assert_one_line_error((1, out, err), "is locked", "--busy-timeout SECONDS")
 
 
 @pytest.mark.parametrize(
@@ -563,10 +565,11 @@ def test_read_commands_work_on_a_database_the_user_may_not_write(
         code, out, err = run_cli_obeying_permissions("migrate", "--status", "--url", str(path))
         assert (code, err) == (0, "")
         assert out.splitlines()[1].split()[:3] == ["1", "init", "applied"]
-        # migrate writes: on a file it may not write, it fails in one line, and writes nothing.
-        assert_one_line_error(
-            run_cli_obeying_permissions("migrate", "--url", str(path)), "read-only"
-        )
+        # migrate writes: on a file it may not write, it fails in one line, and writes nothing;
+        # exit 3, as the error is retryable (once the file is made writable).
+        code, out, err = run_cli_obeying_permissions("migrate", "--url", str(path))
+        assert code == cli.EXIT_RETRY
+        assert_one_line_error((1, out, err), "read-only")
         after = _digests(path.parent)
     finally:
         path.parent.chmod(0o755)
