@@ -1097,7 +1097,12 @@ def op_check(conn: sqlite3.Connection) -> list[Problem]:
 def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], None]) -> None:
     """The row-level half of op_check: foreign keys, readable rows, counters, outcomes."""
     for table, rowid, parent, _ in conn.execute("PRAGMA foreign_key_check"):
-        found(table, rowid, f"{table} row {rowid} refers to a missing {parent} row")
+        found(
+            table,
+            rowid,
+            f"{table} row {rowid} refers to a missing {parent} row; restore that row from a "
+            "backup, or delete this one",
+        )
     decoders = ((SELECT_ALL_RUNS, _codec.decode_run), (SELECT_ALL_JOBS, _codec.decode_job))
     for select, decode in decoders:
         for row in conn.execute(select):
@@ -1110,12 +1115,23 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
     ):
         run = f"run {run_id}"
         if done_count != done:
-            found("runs", run_id, f"{run} has done_count {done_count!r}, {done} jobs done")
+            found(
+                "runs",
+                run_id,
+                f"{run} has done_count {done_count!r}, {done} jobs done; set done_count to {done}",
+            )
         if job_rows != total:
-            found("runs", run_id, f"{run} has job_rows {job_rows!r}, {total} jobs")
+            found(
+                "runs", run_id, f"{run} has job_rows {job_rows!r}, {total} jobs; set it to {total}"
+            )
         counted = isinstance(job_count, int) and isinstance(done_count, int)
         if counted and total > job_count:
-            found("runs", run_id, f"{run} has job_count {job_count} but {total} jobs")
+            found(
+                "runs",
+                run_id,
+                f"{run} has job_count {job_count} but {total} jobs; delete the jobs it should not "
+                f"have, or set job_count to {total} if it should have them all",
+            )
         if counted and job_count == 0 and status != "done":
             found(
                 "runs",
@@ -1125,12 +1141,25 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
             )
         finished = counted and 0 < job_count <= done_count
         if finished and status != "done":
-            found("runs", run_id, f"{run} has all {job_count} jobs done but is {status!r}")
+            found(
+                "runs",
+                run_id,
+                f"{run} has all {job_count} jobs done but is {status!r}; set its status to 'done'",
+            )
         if status == "done" and not finished:
-            found("runs", run_id, f"{run} is done with {done_count!r} of {job_count!r} jobs")
+            found(
+                "runs",
+                run_id,
+                f"{run} is done with {done_count!r} of {job_count!r} jobs; set its status to "
+                "'queued' for a scheduler to claim it and finish the rest",
+            )
     for job_id, status, has_outcome in conn.execute(CHECK_JOB_OUTCOMES):
+        if has_outcome:  # recorded but not marked: the outcome stands, the status lags
+            fix = "set its status to 'done' and add it to its run's done_count"
+        else:
+            fix = "set its status to 'queued' for it to run again"
         what = "has an outcome" if has_outcome else "has no outcome"
-        found("jobs", job_id, f"job {job_id} is {status!r} but {what}")
+        found("jobs", job_id, f"job {job_id} is {status!r} but {what}; {fix}")
 
 
 def op_claim_next_run(conn: sqlite3.Connection) -> Run | None:

@@ -31,15 +31,25 @@ async def _edit(store: Store, sql: str, *params: object) -> None:
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
-        ("UPDATE runs SET done_count = 2", r"run \S+ has done_count 2, 1 jobs done"),
-        ("UPDATE jobs SET status = 'done' WHERE outcome IS NULL", r"is 'done' but has no outcome"),
-        ("UPDATE runs SET status = 'done'", r"is done with 1 of 3 jobs"),
-        ("UPDATE runs SET job_count = 1", r"has all 1 jobs done but is 'running'"),
-        ("UPDATE runs SET job_count = 2", r"has job_count 2 but 3 jobs"),
-        ("UPDATE jobs SET run_id = 'gone'", r"jobs row \d+ refers to a missing runs row"),
+        ("UPDATE runs SET done_count = 2", r"has done_count 2, 1 jobs done; set done_count to 1"),
+        (
+            "UPDATE jobs SET status = 'done' WHERE outcome IS NULL",
+            r"is 'done' but has no outcome; set its status to 'queued'",
+        ),
+        (
+            "UPDATE runs SET status = 'done'",
+            r"is done with 1 of 3 jobs; set its status to 'queued'",
+        ),
+        ("UPDATE runs SET job_count = 1", r"has all 1 jobs done but is 'running'; set its status"),
+        ("UPDATE runs SET job_count = 2", r"has job_count 2 but 3 jobs; delete the jobs"),
+        ("UPDATE jobs SET run_id = 'gone'", r"refers to a missing runs row; restore that row"),
         ("UPDATE runs SET epochs = 'many'", r"runs\.epochs of row \S+ holds 'many'"),
-        ("UPDATE runs SET job_rows = 2", r"run \S+ has job_rows 2, 3 jobs"),
+        ("UPDATE runs SET job_rows = 2", r"run \S+ has job_rows 2, 3 jobs; set it to 3"),
         ("UPDATE runs SET job_count = 0", r"has job_count 0 and is 'running': no outcome can"),
+        (
+            "UPDATE jobs SET status = 'queued' WHERE outcome IS NOT NULL",
+            r"is 'queued' but has an outcome; set its status to 'done'",
+        ),
     ],
     ids=[
         "miscounted",
@@ -51,6 +61,7 @@ async def _edit(store: Store, sql: str, *params: object) -> None:
         "unreadable",
         "job-rows-drift",
         "no-jobs-to-finish",
+        "outcome-not-done",
     ],
 )
 async def test_check_reports_each_broken_invariant(store: Store, edit: str, expected: str) -> None:
