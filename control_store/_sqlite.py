@@ -1741,13 +1741,18 @@ _Ticket = list[Op[Any]]
 _WITHDRAWN: Final = (False, None)  # the result of a withdrawn op, which no one awaits
 
 
+def _take(ticket: _Ticket) -> Op[Any] | None:
+    """The ticket's op, taken from it: by the worker to start it, or by a cancelled caller to
+    withdraw it (see _withdraw); None if the other side took it first."""
+    try:
+        return ticket.pop()
+    except IndexError:
+        return None
+
+
 def _withdraw(ticket: _Ticket) -> bool:
     """Take the op back before the worker starts it; False if it has started."""
-    try:
-        ticket.pop()
-    except IndexError:
-        return False
-    return True
+    return _take(ticket) is not None
 
 
 async def _wait_out(awaitable: Awaitable[T]) -> T:
@@ -1811,11 +1816,8 @@ class _Worker:
         whole transaction, which holds nothing else.
         """
         with self.lock:
-            try:
-                op = ticket.pop()
-            except IndexError:
-                return _WITHDRAWN
-            return self.transact_one_locked(op)
+            op = _take(ticket)
+            return _WITHDRAWN if op is None else self.transact_one_locked(op)
 
     def transact_one_locked(self, op: Op[Any]) -> tuple[bool, Any]:
         conn = self.raw
@@ -1847,13 +1849,7 @@ class _Worker:
         caller withdrew it (see _Ticket) does not run.
         """
         with self.lock:
-            ops: list[Op[Any] | None] = []
-            for ticket in tickets:
-                try:
-                    ops.append(ticket.pop())
-                except IndexError:
-                    ops.append(None)
-            return self.transact_locked(ops)
+            return self.transact_locked([_take(ticket) for ticket in tickets])
 
     def transact_locked(self, ops: Sequence[Op[Any] | None]) -> list[tuple[bool, Any]]:
         conn = self.raw
