@@ -550,5 +550,7 @@ def _problems(found: Sequence[tuple[str, Sequence[str]]], *, ok: str) -> str:
 
 
 def new_seed() -> int:
-    """A fresh seed, printed by the CLI so that a run can be repeated."""
+    """A fresh seed, printed by the CLI. It fixes each scheduler's stream of faults; with one
+    scheduler and one worker that repeats a run exactly, but with more, which scheduler claims
+    which run and which worker takes which job depend on timing, and differ run to run."""
     return uuid.uuid4().int % 1_000_000

@@ -1555,8 +1555,9 @@ class SqliteBackend:
         Only for an in-memory database, and only between two whole functions of the worker
         thread: the lock is free only when the worker is not inside one, and it is taken
         without waiting, so the event loop never blocks on the worker. A call that finds it
-        taken hops, and queues behind whatever holds it. Once close() began, calls hop too,
-        and meet the closed connection.
+        taken hops, and queues behind whatever holds it. Once close() began, read() and
+        write() refuse calls; the only op still run, a cancelled claim's give-back, hops, to
+        queue in order with the close.
         """
         return self._inline and not self._closing and self._worker.lock.acquire(blocking=False)
 
