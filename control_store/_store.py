@@ -6,7 +6,7 @@ import dataclasses
 import inspect
 import os
 import uuid
-from collections.abc import AsyncIterator, Generator, Iterable, Iterator
+from collections.abc import AsyncIterator, Coroutine, Generator, Iterable, Iterator
 from functools import partial
 from types import TracebackType
 from typing import Any, Self
@@ -101,15 +101,23 @@ class _JobWalk:
         raise StopAsyncIteration
 
 
-class _Connecting:
-    """What ``Store.connect`` returns: ``await`` it for a store, or ``async with`` it."""
+class _Connecting(Coroutine[Any, Any, "Store"]):
+    """What ``Store.connect`` returns: ``await`` it for a store, or ``async with`` it.
 
-    __slots__ = ("_options", "_store", "_url")
+    It is a coroutine to asyncio (a ``collections.abc.Coroutine``), so ``create_task``,
+    ``TaskGroup.create_task`` and ``asyncio.run`` take it as they take a coroutine; each
+    ``await`` opens a store of its own.
+    """
+
+    __slots__ = ("_options", "_running", "_store", "_url")
 
     def __init__(self, url: str | os.PathLike[str], options: dict[str, Any]) -> None:
         self._url = url
         self._options = options
         self._store: Store | None = None
+        # The coroutine a task steps through send()/throw(); made at its first step, so a
+        # Store.connect(...) never awaited or run leaves no "never awaited" warning behind.
+        self._running: Coroutine[Any, Any, Store] | None = None
 
     async def _open(self) -> Store:
         options = _sqlite.parse_options(self._options)
@@ -118,6 +126,21 @@ class _Connecting:
 
     def __await__(self) -> Generator[Any, None, Store]:
         return self._open().__await__()
+
+    def _stepped(self) -> Coroutine[Any, Any, Store]:
+        if self._running is None:
+            self._running = self._open()
+        return self._running
+
+    def send(self, value: Any) -> Any:
+        return self._stepped().send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._stepped().throw(*args)
+
+    def close(self) -> None:
+        if self._running is not None:
+            self._running.close()
 
     async def __aenter__(self) -> Store:
         self._store = await self._open()

@@ -51,6 +51,38 @@ async def test_in_memory_stores_are_private() -> None:
         assert await a.get_run(run.id) == run
 
 
+async def test_connect_runs_as_a_task(tmp_path: Path) -> None:
+    """Store.connect(...) is a coroutine to asyncio: create_task, TaskGroup and gather take it."""
+    task = asyncio.create_task(Store.connect(tmp_path / "a.db"))
+    async with asyncio.TaskGroup() as group:
+        grouped = group.create_task(Store.in_memory())
+    gathered = await asyncio.gather(Store.connect(tmp_path / "b.db"), Store.in_memory())
+    for store in (await task, grouped.result(), *gathered):
+        assert await store.claim_next_run() is None
+        await store.close()
+
+
+async def test_connecting_twice_from_one_call_opens_two_stores(tmp_path: Path) -> None:
+    """Awaiting one Store.connect(...) twice opens two stores, as before it was a coroutine."""
+    connecting = Store.connect(tmp_path / "a.db")
+    first = await connecting
+    second = await connecting
+    assert first is not second
+    await first.close()
+    await second.close()
+
+
+async def test_a_connect_task_cancelled_before_it_starts_opens_nothing(tmp_path: Path) -> None:
+    """A connect task cancelled before its first step creates no file and leaves no thread."""
+    threads = threading.active_count()
+    task = asyncio.create_task(Store.connect(tmp_path / "a.db"))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not (tmp_path / "a.db").exists()
+    assert threading.active_count() == threads
+
+
 async def test_connect_is_awaitable_and_store_closes_with_async_with(tmp_path: Path) -> None:
     """`await Store.connect(...)` gives a store; `async with store` closes it."""
     store = await Store.connect(tmp_path / "a.db")
