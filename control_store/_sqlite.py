@@ -1167,16 +1167,28 @@ def op_claim_next_run(conn: sqlite3.Connection) -> Run | None:
     return runs[0] if runs else None
 
 
-def release_claimed(runs: Run | list[Run] | None) -> Op[None] | None:
+def release_claimed(runs: Run | list[Run] | None) -> GiveBack | None:
     """The op giving back runs a cancelled caller claimed but never received (None: no run)."""
     if runs is None or runs == []:
         return None
-    ids = [(_codec.uuid_text(run.id),) for run in (runs if isinstance(runs, list) else [runs])]
-    return partial(_release_runs, ids)
+    claimed = runs if isinstance(runs, list) else [runs]
+    return GiveBack([_codec.uuid_text(run.id) for run in claimed])
 
 
-def _release_runs(ids: list[tuple[str]], conn: sqlite3.Connection) -> None:
-    conn.executemany(RELEASE_RUN, ids)
+@dataclass(frozen=True, slots=True)
+class GiveBack:
+    """A write op: runs claimed for a caller cancelled before it received them, queued again
+    (see SqliteBackend.write's undo)."""
+
+    ids: list[str]
+
+    def __call__(self, conn: sqlite3.Connection) -> None:
+        conn.executemany(RELEASE_RUN, [(run_id,) for run_id in self.ids])
+
+    def repair(self) -> str:
+        """The SQL a person runs to do it by hand."""
+        listed = ", ".join(f"'{run_id}'" for run_id in self.ids)
+        return f"UPDATE runs SET status = 'queued' WHERE id IN ({listed}) AND status = 'running'"
 
 
 def op_claim_runs(limit: int, conn: sqlite3.Connection) -> list[Run]:
@@ -1566,7 +1578,7 @@ class SqliteBackend:
         op: Op[T],
         *,
         small: bool = False,
-        undo: Callable[[T], Op[object] | None] | None = None,
+        undo: Callable[[T], GiveBack | None] | None = None,
     ) -> T:
         """Run ``op`` in a write transaction, grouped with any writes waiting meanwhile.
 
@@ -1587,22 +1599,42 @@ class SqliteBackend:
                 f"{self._database} was opened with read_only=True and refuses writes; "
                 "nothing was written: connect again without read_only to write"
             )
-        ok, value, cancelled = await self._transact(op, small, wait=undo is not None)
-        if cancelled is not None:
+        if undo is None:
+            ok, value, cancelled = await self._transact(op, small, wait=False)
+        else:
+            # A claim is owed from now until its caller has its runs or has given them back,
+            # and close() waits for that: the caller may be cancelled in the loop pass after
+            # its group committed, before it resumes, and then still needs the connection.
+            self._owe()
             try:
-                back = undo(value) if ok and undo is not None else None
-                if back is not None:
-                    # Failing (the lock busy past busy_timeout, say), the effect stays; the
-                    # caller's cancellation goes on either way.
-                    with contextlib.suppress(ControlError):
-                        await _wait_out(self._give_back(back))
+                ok, value, cancelled = await self._transact(op, small, wait=True)
+                if cancelled is not None and ok:
+                    await self._give_back_or_warn(undo(value))
             finally:
-                if undo is not None:  # counted when the cancellation came (see _owe)
-                    self._settle()
+                self._settle()
+        if cancelled is not None:
             raise cancelled
         if ok:
             return cast(T, value)
         raise value
+
+    async def _give_back_or_warn(self, back: GiveBack | None) -> None:
+        """Run a cancelled claim's give-back. If that fails (another process holding the write
+        lock past busy_timeout, a full disk), its runs stay running with no one to work on
+        them, which only a person can repair: warn, naming them and the repair. The caller's
+        cancellation goes on either way."""
+        if back is None:
+            return
+        try:
+            await _wait_out(self._give_back(back))
+        except ControlError as exc:
+            warnings.warn(
+                f"a claim was cancelled after it committed, and giving its runs back failed: "
+                f"{exc}; runs {', '.join(back.ids)} stay 'running' with no scheduler working "
+                f"on them: once the cause is fixed, queue them again with: {back.repair()}",
+                RuntimeWarning,
+                stacklevel=1,
+            )
 
     def _refuse_closing(self) -> None:
         """Refuse a call that reached the backend after close() began (the Store refuses the
@@ -1632,7 +1664,6 @@ class SqliteBackend:
             except asyncio.CancelledError as exc:  # the op has committed (or failed) already
                 if not wait:
                     raise
-                self._owe()
                 return ok, value, exc
             return ok, value, None
         ticket = [op]  # what the worker pops to start the op, or the caller to withdraw it
@@ -1670,30 +1701,43 @@ class SqliteBackend:
         except asyncio.CancelledError as exc:
             if _withdraw(ticket) or not wait:
                 raise
-            self._owe()
             ok, value = await _wait_out(future)
             return ok, value, exc
         return ok, value, None
 
     def _owe(self) -> None:
-        """A claim's caller was cancelled after the claim started: count it until write() has
-        given the claim back, for close() to wait for (else it could close the connection
-        between the claim and its give-back)."""
+        """A claim was accepted: count it until its caller has received its runs or given them
+        back, for close() to wait for (else it could close the connection between a claim and
+        its give-back)."""
         self._owed += 1
         self._settled.clear()
 
     def _settle(self) -> None:
-        """A cancelled claim's give-back is done (or was not needed)."""
+        """A claim's caller has its runs, or has given them back (or tried to)."""
         self._owed -= 1
         if not self._owed:
             self._settled.set()
 
     def _start_flusher(self) -> None:
         self._writing = True
-        self._flusher = asyncio.get_running_loop().create_task(self._flush())
+        flusher = asyncio.get_running_loop().create_task(self._flush())
+        self._flusher = flusher
+        flusher.add_done_callback(self._flusher_stopped)
+
+    def _flusher_stopped(self, flusher: asyncio.Task[None]) -> None:
+        """A flusher clears itself when it has emptied the queue. One cancelled before its first
+        step (a shutdown cancelling every task, the store's own too) ran nothing, and the
+        callers queued for it still wait: another takes over."""
+        if self._flusher is not flusher:
+            return
+        self._flusher = None
+        if self._pending and not self._loop.is_closed():
+            self._start_flusher()
+        else:
+            self._writing = False
+            self._idle.set()
 
     async def _flush(self) -> None:
-        batch: list[tuple[_Ticket, asyncio.Future[tuple[bool, Any]]]] = []
         try:
             while self._pending:
                 # A caller cancelled before its turn has withdrawn its ticket: left out.
@@ -1701,38 +1745,52 @@ class SqliteBackend:
                 self._pending = []
                 if not batch:
                     continue
-                tickets = [ticket for ticket, _ in batch]
-                try:
-                    results = await on_thread(self._conn, partial(self._worker.transact, tickets))
-                except Exception as exc:
-                    results = [(False, self._worker.translate(exc)) for _ in batch]
+                results = await self._run_group([ticket for ticket, _ in batch])
                 for (_, fut), result in zip(batch, results, strict=True):
                     if not fut.done():  # a cancelled caller's future (unshielded) stays so
                         fut.set_result(result)
-            batch = []
         finally:
             self._writing = False
             self._flusher = None
             self._idle.set()
-            # Only if this task itself was cancelled (the event loop shutting down): callers
-            # still waiting must not hang. A batch already on the thread may have committed.
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_result(
-                        (
-                            False,
-                            StoreClosedError(
-                                f"the store for {self._database} stopped writing while this "
-                                "call was in flight (its event loop is shutting down); the "
-                                "write may have committed: check before retrying"
-                            ),
-                        )
-                    )
+            # Left only if this coroutine was closed mid-queue (its event loop gone): callers
+            # still waiting must not hang.
             for _, fut in self._pending:
                 if not fut.done():
                     closed = StoreClosedError(f"the store for {self._database} closed")
                     fut.set_result((False, closed))
             self._pending = []
+
+    async def _run_group(self, tickets: list[_Ticket]) -> list[tuple[bool, Any]]:
+        """One group transaction on the thread: (ok, result or error) per ticket."""
+        results: list[tuple[bool, Any]] = []  # filled on the thread
+
+        def transact() -> None:
+            results.extend(self._worker.transact(tickets))
+
+        try:
+            await on_thread(self._conn, transact)
+        except asyncio.CancelledError:
+            # The flusher, the store's own task, was cancelled (a shutdown cancelling every
+            # task, say); the group is on the thread regardless and may commit, and each caller
+            # must learn its outcome (a claim's, to give its runs back). The thread runs
+            # functions in order: once a no-op queued after the group has run, so has the group.
+            with contextlib.suppress(Exception):
+                await _wait_out(on_thread(self._conn, _nothing))
+        except Exception as exc:
+            error = self._worker.translate(exc)
+            return [(False, error) for _ in tickets]
+        if len(results) == len(tickets):
+            return results
+        lost = StoreClosedError(
+            f"the store for {self._database} stopped while this call was in flight; the write "
+            "may have committed: check before retrying"
+        )
+        return [(False, lost) for _ in tickets]
+
+
+def _nothing() -> None:
+    return None
 
 
 # A write's op, in a one-element list: the worker pops it to start the op, a cancelled caller
@@ -1835,8 +1893,8 @@ class _Worker:
                 return (False, self.translate(exc))
             conn.execute("COMMIT")
         except Exception as exc:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
+            with contextlib.suppress(sqlite3.Error):  # in_transaction raises once closed
+                if conn.in_transaction:
                     conn.execute("ROLLBACK")
             return (False, self.translate(exc))
         return (True, result)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import sqlite3
 import threading
@@ -304,3 +305,108 @@ async def test_close_waits_for_a_cancelled_claim_to_give_its_runs_back(db_path: 
         await claim
     async with Store.connect(db_path, read_only=True) as reader:
         assert len(await reader.list_runs(status=RunStatus.QUEUED)) == 2
+
+
+async def _group_in_flight(store: Store) -> asyncio.Future[None]:
+    """A write that occupies the thread, so calls made now queue for the next group."""
+    ahead = asyncio.ensure_future(store.insert_run(make_run()))
+    await asyncio.sleep(0)
+    return ahead
+
+
+async def test_close_waits_for_a_queued_claim_cancelled_after_its_group_ran(
+    db_path: Path,
+) -> None:
+    """A claim queued for a group, cancelled in the loop pass after that group committed (its
+    caller has not resumed yet), while close() waits: the caller gives the run back before the
+    connection closes, and ends cancelled, not with an error of a closed connection."""
+    store = await Store.connect(db_path)
+    for _ in range(3):
+        await store.insert_run(make_run())
+    backend = store._backend
+    assert backend is not None
+    ahead = await _group_in_flight(store)
+    claim = asyncio.ensure_future(store.claim_next_run())
+    await asyncio.sleep(0)
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0)
+    # Polled, not awaited: an Event's waiter would resume after the claim's caller, and the
+    # cancel must land in the pass where the group has run but its caller has not resumed.
+    while not backend._idle.is_set():  # noqa: ASYNC110
+        await asyncio.sleep(0)
+    claim.cancel()
+    await asyncio.wait_for(asyncio.gather(ahead, closing), CALL_TIMEOUT)
+    with pytest.raises(asyncio.CancelledError):
+        await claim
+    async with Store.connect(db_path, read_only=True) as reader:
+        assert {run.status for run in await reader.list_runs()} == {RunStatus.QUEUED}
+
+
+@pytest.mark.parametrize("when", ["before its first step", "with its group on the thread"])
+async def test_cancelling_every_task_gives_back_the_claims_of_a_group(
+    db_path: Path, when: str
+) -> None:
+    """A shutdown that cancels every task, the store's own group-commit task included, while
+    claims wait for a group or are in one on the thread: no run is left claimed by a caller
+    that never received it, and the store goes on writing."""
+    async with Store.connect(db_path) as store:
+        for _ in range(6):
+            await store.insert_run(make_run())
+        backend = store._backend
+        assert backend is not None
+        held = await _HeldClaim.on(store) if when != "before its first step" else None
+        ahead = await _group_in_flight(store)
+        claims = [asyncio.ensure_future(store.claim_next_run()) for _ in range(4)]
+        try:
+            if held is None:
+                await ahead  # the flusher for the claims' group is created, not yet started
+            else:
+                await ahead
+                assert await held.entered()  # the claims' group is on the thread
+            flusher = backend._flusher
+            assert flusher is not None
+            for task in (flusher, *claims):
+                task.cancel()
+            await asyncio.sleep(0)
+        finally:
+            if held is not None:
+                held.gate.set()
+        results = await asyncio.wait_for(
+            asyncio.gather(*claims, return_exceptions=True), CALL_TIMEOUT
+        )
+        assert all(isinstance(result, asyncio.CancelledError) for result in results)
+        assert _statuses(store) == {RunStatus.QUEUED.value: 7}
+        if held is not None:
+            await backend.read(lambda conn: conn.set_trace_callback(None))
+        assert len(await store.claim_runs(7)) == 7
+
+
+async def test_a_claim_whose_give_back_fails_says_which_runs_stay_running(
+    db_path: Path,
+) -> None:
+    """A cancelled claim whose give-back cannot take the write lock (another process holds it
+    past busy_timeout, and keeps it) warns, naming the runs left running and the repair."""
+    async with Store.connect(db_path, busy_timeout=0.05) as store:
+        run = make_run()
+        await store.insert_run(run)
+        held = await _HeldClaim.on(store)
+        claim = asyncio.ensure_future(store.claim_next_run())
+        other = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            assert await held.entered()
+            claim.cancel()
+            held.gate.set()
+            # The claim commits; then the other process takes the lock before the give-back.
+            other.execute("PRAGMA busy_timeout = 10000")
+            other.execute("BEGIN IMMEDIATE")
+            with (
+                pytest.warns(RuntimeWarning, match=str(run.id)) as warned,
+                pytest.raises(asyncio.CancelledError),
+            ):
+                await asyncio.wait_for(claim, CALL_TIMEOUT)
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                other.execute("ROLLBACK")
+            other.close()
+        assert "status = 'queued'" in str(warned[0].message)
+        assert _statuses(store) == {RunStatus.RUNNING.value: 1}
