@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from control_store import ConfigurationError, ControlError, DatabaseBusyError, Store
+from control_store import (
+    ConfigurationError,
+    ControlError,
+    DatabaseBusyError,
+    EvalJob,
+    Job,
+    Store,
+    _sqlite,
+)
 
 from conftest import make_run
 
@@ -248,6 +256,24 @@ async def test_synchronous_option_is_applied(tmp_path: Path, synchronous: str) -
         keys = await backend.read(lambda c: c.execute("PRAGMA foreign_keys").fetchone()[0])
     assert value == levels[synchronous.upper()]
     assert (mode, keys) == ("wal", 1)
+
+
+async def test_the_wal_file_is_cut_back_after_a_big_write(tmp_path: Path) -> None:
+    """A transaction bigger than WAL_SIZE_LIMIT grows the -wal file past it; after the next
+    checkpoint, the following write cuts it back (SQLite alone keeps it at its peak size)."""
+    path = tmp_path / "s.db"
+    wal = tmp_path / "s.db-wal"
+    async with Store.connect(path, synchronous="NORMAL") as store:
+        run = make_run(job_count=1200)
+        await store.insert_run(run)
+        padding = "x" * 60_000  # 1200 jobs of ~60 KB: ~70 MiB in one transaction
+        await store.insert_jobs(
+            Job(run.id, EvalJob("model-a", f"{padding}{i}", 0)) for i in range(1200)
+        )
+        assert wal.stat().st_size > _sqlite.WAL_SIZE_LIMIT
+        for _ in range(2):  # the first commit checkpoints, the second restarts the WAL
+            await store.insert_run(make_run())
+        assert wal.stat().st_size <= _sqlite.WAL_SIZE_LIMIT
 
 
 async def test_write_lock_held_past_busy_timeout_is_a_retryable_busy_error(
