@@ -151,6 +151,9 @@ WHERE id = ? AND job_rows + ? <= job_count
     AND typeof(job_rows) = 'integer' AND typeof(job_count) = 'integer'
 """
 SELECT_JOB_ROWS: Final = "SELECT job_count, job_rows FROM runs WHERE id = ?"
+# A job of this insert_jobs call for a run that turned out to be missing: the call's rows are
+# the run's newest, and idx_jobs_run keys (run_id, rowid), so this is one seek.
+SELECT_NEWEST_JOB_OF_RUN: Final = "SELECT id FROM jobs WHERE run_id = ? ORDER BY rowid DESC LIMIT 1"
 SELECT_RUNS: Final = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY created_at DESC, rowid DESC LIMIT ?"
 SELECT_RUNS_BY_STATUS: Final = (
     f"SELECT {_RUN_COLUMNS} FROM runs WHERE status = ? ORDER BY created_at DESC, rowid DESC LIMIT ?"
@@ -1034,8 +1037,12 @@ def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
 def _refuse_job_rows(run_id: str, added: int, conn: sqlite3.Connection) -> NoReturn:
     """Raise the error that explains why ADD_JOB_ROWS changed nothing (the call rolls back)."""
     row = _leniently(conn, lambda: conn.execute(SELECT_JOB_ROWS, (run_id,)).fetchone())
-    if row is None:  # only if foreign keys were off when the jobs were written
-        raise _codec.corrupt_row("jobs", "run_id", run_id, run_id, "its run does not exist")
+    if row is None:  # only if foreign keys were off on this connection: the FK refuses it
+        (job_id,) = conn.execute(SELECT_NEWEST_JOB_OF_RUN, (run_id,)).fetchone()
+        raise MissingRunError(
+            f"job {job_id} refers to run {run_id}, which does not exist; no job of this call "
+            "was inserted: insert the run first"
+        )
     job_count, job_rows = row
     for value, column in ((job_count, "job_count"), (job_rows, "job_rows")):
         if not isinstance(value, int):
@@ -1237,17 +1244,21 @@ def op_record_outcome(
 ) -> bool:
     if conn.execute(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount == 1:
         if conn.execute(ADVANCE_RUN, (run_id,)).rowcount != 1:
-            _refuse_corrupt_counters(run_id, conn)
+            _refuse_corrupt_counters(run_id, job_id, conn)
         return True
     _why_unrecorded(run_id, job_id, conn)
     return False  # a redelivery: the first outcome stands
 
 
-def _refuse_corrupt_counters(run_id: str, conn: sqlite3.Connection) -> None:
-    """Raise the CorruptRowError for the run whose counters ADVANCE_RUN refused to touch."""
+def _refuse_corrupt_counters(run_id: str, job_id: str, conn: sqlite3.Connection) -> None:
+    """Raise the CorruptRowError for the run whose counters ADVANCE_RUN refused to touch.
+
+    ``job_id`` is a job this call marked done: when the run row is missing, the row at fault is
+    that job's (its run_id names no run), so the error names the job, not the absent run.
+    """
     row = _leniently(conn, lambda: conn.execute(SELECT_RUN_COUNTERS, (run_id,)).fetchone())
-    if row is None:  # only if foreign keys were off when the job was written
-        raise _codec.corrupt_row("jobs", "run_id", run_id, run_id, "its run does not exist")
+    if row is None:  # only if the run was deleted with foreign keys off
+        raise _codec.corrupt_row("jobs", "run_id", job_id, run_id, "its run does not exist")
     for index, column in ((1, "job_count"), (2, "done_count")):
         if not isinstance(row[index], int):
             raise _codec.corrupt_row("runs", column, run_id, row[index], "expected an integer")
@@ -1266,16 +1277,19 @@ def op_record_outcomes(
     results: list[bool] = []
     record = results.append
     new = 0
+    first_new = ""  # a job this batch marked, for the error if the run cannot advance
     mark = conn.cursor().execute  # one cursor for the batch, not one per statement
     for job_id, outcome_json in outcomes:
         if mark(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount == 1:
+            if not new:
+                first_new = job_id
             new += 1
             record(True)
         else:
             _why_unrecorded(run_id, job_id, conn)
             record(False)
     if new and conn.execute(ADVANCE_RUN_BY, (new, new, run_id)).rowcount != 1:
-        _refuse_corrupt_counters(run_id, conn)
+        _refuse_corrupt_counters(run_id, first_new, conn)
     return results
 
 
