@@ -168,6 +168,13 @@ LEFT JOIN (
     SELECT run_id, SUM(status = 'done') AS done, COUNT(*) AS total FROM jobs GROUP BY run_id
 ) AS j ON j.run_id = r.id
 """
+# Jobs whose run_id names no run: the schema's one foreign key (0001), checked directly rather
+# than by PRAGMA foreign_key_check, which names a row by its rowid where the finding wants the
+# job's id and the missing run's. One probe of runs' primary key per job, as that pragma does.
+CHECK_ORPHAN_JOBS: Final = """
+SELECT j.id, j.run_id FROM jobs AS j
+WHERE NOT EXISTS (SELECT 1 FROM runs AS r WHERE r.id = j.run_id)
+"""
 CHECK_JOB_OUTCOMES: Final = """
 SELECT id, status, outcome IS NOT NULL FROM jobs
 WHERE (status = 'done') != (outcome IS NOT NULL)
@@ -1064,6 +1071,46 @@ def op_list_runs(status: str | None, limit: int, conn: sqlite3.Connection) -> li
     return _codec.decode_runs(_leniently(conn, query))
 
 
+# The lines of PRAGMA integrity_check whose repair is known (SQLite's wording, stable across
+# versions since 3.x). SQLite documents an index that lost or gained entries
+# (SQLITE_CORRUPT_INDEX) as "might be resolved by running the REINDEX command, assuming no
+# other problems exist elsewhere in the database file"; a duplicate in a UNIQUE index must
+# lose a row first, or REINDEX fails on it.
+_INDEX_ENTRIES: Final = re.compile(r"(?:missing from|wrong # of entries in) index (\S+)$")
+_NOT_UNIQUE: Final = re.compile(r"non-unique entry in UNIQUE index (\S+)$")
+_BAD_VALUE: Final = re.compile(r"^NULL value in (\w+)\.(\w+)$")
+_RESTORE: Final = (
+    "restore the file from a backup; without one, the sqlite3 shell's .recover command copies "
+    "what is still readable into a new database"
+)
+
+
+_ROWS_SKIPPED: Final = (
+    "the row-level checks were skipped: they read through the structures SQLite found damaged, "
+    "so their findings could be wrong; make the repairs above, then run check() again"
+)
+
+
+def integrity_repair(line: str) -> str:
+    """The finding for one line of PRAGMA integrity_check, ending with its repair."""
+    if match := _INDEX_ENTRIES.search(line):
+        fix = f"rebuild the index: REINDEX {match[1]}"
+    elif match := _NOT_UNIQUE.search(line):
+        fix = (
+            f"two rows hold the same key of index {match[1]}: delete the one that should not "
+            f"exist, then REINDEX {match[1]}"
+        )
+    elif match := _BAD_VALUE.search(line):
+        table, column = match[1], match[2]
+        fix = (
+            f"find the row with SELECT rowid FROM {table} WHERE {column} IS NULL and set "
+            f"{column} or delete the row, or {_RESTORE}"
+        )
+    else:  # damaged pages, or a value of the wrong type: the file itself is not to be trusted
+        fix = _RESTORE
+    return f"SQLite integrity check: {line}; {fix}"
+
+
 def op_check(conn: sqlite3.Connection) -> list[Problem]:
     """Every inconsistency in the database, read in one snapshot, changing nothing."""
     problems: list[Problem] = []
@@ -1079,19 +1126,16 @@ def op_check(conn: sqlite3.Connection) -> list[Problem]:
             try:
                 for (result,) in conn.execute("PRAGMA integrity_check"):
                     if result != "ok":
-                        found("database", "", f"SQLite integrity check: {result}")
+                        found("database", "", integrity_repair(result))
             except sqlite3.DatabaseError as exc:  # damage so deep the check itself cannot run
-                message = f"SQLite integrity check failed: {exc}; restore from a backup"
-                found("database", "", message)
-            damaged = bool(problems)
-            try:
+                found("database", "", f"SQLite integrity check failed: {exc}; {_RESTORE}")
+            if problems:
+                # The row-level queries read through these same b-trees (the counters through
+                # idx_jobs_run): over an index missing rows they would report, say, a wrong
+                # job_rows whose "repair" breaks a sound run. Repair the file first.
+                found("database", "", _ROWS_SKIPPED)
+            else:
                 _check_rows(conn, found)
-            except sqlite3.DatabaseError as exc:
-                # A damaged b-tree can fail the queries below (SQLITE_CORRUPT); the integrity
-                # check has already said why, so report rather than raise.
-                if not damaged:
-                    raise
-                found("database", "", f"rows could not all be read ({exc}); restore from a backup")
     finally:
         try:
             conn.execute("COMMIT")
@@ -1103,12 +1147,13 @@ def op_check(conn: sqlite3.Connection) -> list[Problem]:
 
 def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], None]) -> None:
     """The row-level half of op_check: foreign keys, readable rows, counters, outcomes."""
-    for table, rowid, parent, _ in conn.execute("PRAGMA foreign_key_check"):
+    for job_id, run_id in conn.execute(CHECK_ORPHAN_JOBS):
+        run = _shown(run_id)
         found(
-            table,
-            rowid,
-            f"{table} row {rowid} refers to a missing {parent} row; restore that row from a "
-            "backup, or delete this one",
+            "jobs",
+            _shown(job_id),
+            f"job {_shown(job_id)} refers to run {run}, which does not exist; restore run {run} "
+            "from a backup, or delete this job",
         )
     decoders = ((SELECT_ALL_RUNS, _codec.decode_run), (SELECT_ALL_JOBS, _codec.decode_job))
     for select, decode in decoders:
@@ -1167,6 +1212,11 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
             fix = "set its status to 'queued' for it to run again"
         what = "has an outcome" if has_outcome else "has no outcome"
         found("jobs", job_id, f"job {job_id} is {status!r} but {what}; {fix}")
+
+
+def _shown(value: object) -> str:
+    """A stored id as a finding shows it: text as is, anything else (bytes, a number) as repr."""
+    return value if isinstance(value, str) else repr(value)
 
 
 def op_claim_next_run(conn: sqlite3.Connection) -> Run | None:

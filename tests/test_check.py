@@ -10,7 +10,7 @@ import pytest
 
 from control_store import JobOutcome, Store
 
-from conftest import make_jobs, make_run
+from conftest import make_jobs, make_run, raw_db
 
 
 async def _edit(store: Store, sql: str, *params: object) -> None:
@@ -42,7 +42,7 @@ async def _edit(store: Store, sql: str, *params: object) -> None:
         ),
         ("UPDATE runs SET job_count = 1", r"has all 1 jobs done but is 'running'; set its status"),
         ("UPDATE runs SET job_count = 2", r"has job_count 2 but 3 jobs; delete the jobs"),
-        ("UPDATE jobs SET run_id = 'gone'", r"refers to a missing runs row; restore that row"),
+        ("UPDATE jobs SET run_id = 'gone'", r"refers to run gone, which does not exist; restore"),
         ("UPDATE runs SET epochs = 'many'", r"runs\.epochs of row \S+ holds 'many'"),
         ("UPDATE runs SET job_rows = 2", r"run \S+ has job_rows 2, 3 jobs; set it to 3"),
         ("UPDATE runs SET job_count = 0", r"has job_count 0 and is 'running': no outcome can"),
@@ -126,3 +126,81 @@ async def test_check_reports_a_damaged_file(db_path: Path) -> None:
     async with Store.connect(db_path, migrate=False) as store:
         problems = await store.check()
     assert any(p.table == "database" and "integrity check" in p.message for p in problems)
+
+
+async def test_a_job_whose_run_is_missing_is_named_by_its_id(db_path: Path) -> None:
+    """A job whose run row was deleted is reported by the job's id, naming the missing run."""
+    run = make_run(job_count=2)
+    jobs = make_jobs(run)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+        await store.insert_jobs(jobs)
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("DELETE FROM runs")
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    assert sorted(p.row_id for p in problems) == sorted(str(job.id) for job in jobs)
+    for problem in problems:
+        assert problem.table == "jobs"
+        assert problem.message == (
+            f"job {problem.row_id} refers to run {run.id}, which does not exist; restore run "
+            f"{run.id} from a backup, or delete this job"
+        )
+
+
+def _unindexed_job(db_path: Path) -> None:
+    """Insert a job row that idx_jobs_run does not hold, as a crash or bad copy could leave."""
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA writable_schema = ON")
+        saved = conn.execute("SELECT * FROM sqlite_schema WHERE name = 'idx_jobs_run'").fetchone()
+        conn.execute("DELETE FROM sqlite_schema WHERE name = 'idx_jobs_run'")
+    with raw_db(db_path) as conn:  # reopened: this connection's schema has no such index
+        conn.execute(
+            "INSERT INTO jobs (id, run_id, spec) SELECT ?, run_id, spec FROM jobs LIMIT 1",
+            ("00000000-0000-4000-8000-000000000001",),
+        )
+        conn.execute("UPDATE runs SET job_rows = job_rows + 1, job_count = job_count + 1")
+        conn.execute("PRAGMA writable_schema = ON")
+        conn.execute("INSERT INTO sqlite_schema VALUES (?, ?, ?, ?, ?)", saved)
+
+
+async def test_an_index_missing_rows_is_reported_with_reindex_as_its_repair(
+    db_path: Path,
+) -> None:
+    """An index that lost entries is reported with REINDEX as the repair, which clears it."""
+    async with Store.connect(db_path) as store:
+        run = make_run(job_count=2)
+        await store.insert_run(run)
+        await store.insert_jobs(make_jobs(run))
+    _unindexed_job(db_path)
+    async with Store.connect(db_path, migrate=False) as store:
+        problems = await store.check()
+    *damage, skipped = problems
+    assert damage
+    assert all((p.table, p.row_id) == ("database", "") for p in problems)
+    for problem in damage:
+        assert problem.message.startswith("SQLite integrity check: ")
+        assert problem.message.endswith("; rebuild the index: REINDEX idx_jobs_run"), problem
+    # Not "job_rows 3, 2 jobs": the counters read through the index that lost a row.
+    assert skipped.message.startswith("the row-level checks were skipped")
+    with raw_db(db_path) as conn:
+        conn.execute("REINDEX idx_jobs_run")
+    async with Store.connect(db_path, migrate=False) as store:
+        assert await store.check() == []
+
+
+def test_each_integrity_check_line_gets_a_repair() -> None:
+    """Every kind of line PRAGMA integrity_check prints maps to a finding that ends in a repair."""
+    from control_store._sqlite import integrity_repair
+
+    cases = {
+        "row 3 missing from index idx_jobs_run": "rebuild the index: REINDEX idx_jobs_run",
+        "wrong # of entries in index idx_runs_status": "rebuild the index: REINDEX idx_runs_status",
+        "non-unique entry in UNIQUE index sqlite_autoindex_runs_1": "two rows hold the same",
+        "NULL value in jobs.spec": "SELECT rowid FROM jobs WHERE spec IS NULL",
+        "NUMERIC value in runs.manifest": "restore the file from a backup",
+        "*** in database main ***\nPage 7: btreeInitPage() returns error code 11": ".recover",
+    }
+    for line, expected in cases.items():
+        assert expected in integrity_repair(line), line
