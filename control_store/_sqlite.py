@@ -159,13 +159,17 @@ SELECT_RUNS_BY_STATUS: Final = (
     f"SELECT {_RUN_COLUMNS} FROM runs WHERE status = ? ORDER BY created_at DESC, rowid DESC LIMIT ?"
 )
 
-# The check's view of every run's counters beside what its jobs say.
+# The check's view of every run's counters beside what its jobs say. A job counts as done when
+# it has an outcome, not by its status: the check's repair for a job whose status disagrees
+# with its outcome makes the status follow the outcome, so this is the count once every repair
+# is made, and the run's repairs (done_count, status) agree with the jobs' instead of undoing
+# them. One pass over jobs, grouped in SQL: no row of jobs comes up to Python.
 CHECK_RUN_COUNTERS: Final = """
 SELECT r.id, r.status, r.job_count, r.done_count, COALESCE(j.done, 0), COALESCE(j.total, 0),
     r.job_rows
 FROM runs AS r
 LEFT JOIN (
-    SELECT run_id, SUM(status = 'done') AS done, COUNT(*) AS total FROM jobs GROUP BY run_id
+    SELECT run_id, SUM(outcome IS NOT NULL) AS done, COUNT(*) AS total FROM jobs GROUP BY run_id
 ) AS j ON j.run_id = r.id
 """
 # Jobs whose run_id names no run: the schema's one foreign key (0001), checked directly rather
@@ -1162,56 +1166,64 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
                 decode(row)
             except CorruptRowError as exc:
                 found(exc.table, exc.row_id, str(exc))
-    for run_id, status, job_count, done_count, done, total, job_rows in conn.execute(
-        CHECK_RUN_COUNTERS
-    ):
-        run = f"run {run_id}"
-        if done_count != done:
-            found(
-                "runs",
-                run_id,
-                f"{run} has done_count {done_count!r}, {done} jobs done; set done_count to {done}",
-            )
-        if job_rows != total:
-            found(
-                "runs", run_id, f"{run} has job_rows {job_rows!r}, {total} jobs; set it to {total}"
-            )
-        counted = isinstance(job_count, int) and isinstance(done_count, int)
-        if counted and total > job_count:
-            found(
-                "runs",
-                run_id,
-                f"{run} has job_count {job_count} but {total} jobs; delete the jobs it should not "
-                f"have, or set job_count to {total} if it should have them all",
-            )
-        if counted and job_count == 0 and status != "done":
-            found(
-                "runs",
-                run_id,
-                f"{run} has job_count 0 and is {status!r}: no outcome can ever finish it "
-                "(this version refuses such runs); delete it, or mark it done",
-            )
-        finished = counted and 0 < job_count <= done_count
-        if finished and status != "done":
-            found(
-                "runs",
-                run_id,
-                f"{run} has all {job_count} jobs done but is {status!r}; set its status to 'done'",
-            )
-        if status == "done" and not finished:
-            found(
-                "runs",
-                run_id,
-                f"{run} is done with {done_count!r} of {job_count!r} jobs; set its status to "
-                "'queued' for a scheduler to claim it and finish the rest",
-            )
+    for row in conn.execute(CHECK_RUN_COUNTERS):
+        _check_counters(row, found)
     for job_id, status, has_outcome in conn.execute(CHECK_JOB_OUTCOMES):
-        if has_outcome:  # recorded but not marked: the outcome stands, the status lags
-            fix = "set its status to 'done' and add it to its run's done_count"
+        # The status follows the outcome, never the reverse: a recorded outcome stands, and a
+        # job without one has not run. CHECK_RUN_COUNTERS counts by outcome for the same reason,
+        # so its run's done_count finding already accounts for this repair.
+        if has_outcome:
+            what, fix = "has an outcome", "set its status to 'done'"
         else:
-            fix = "set its status to 'queued' for it to run again"
-        what = "has an outcome" if has_outcome else "has no outcome"
-        found("jobs", job_id, f"job {job_id} is {status!r} but {what}; {fix}")
+            what, fix = "has no outcome", "set its status to 'queued' for it to run again"
+        found("jobs", _shown(job_id), f"job {_shown(job_id)} is {status!r} but {what}; {fix}")
+
+
+def _check_counters(row: Sequence[Any], found: Callable[[str, object, str], None]) -> None:
+    """The findings for one run's row of CHECK_RUN_COUNTERS.
+
+    Judged against ``done``, its jobs with an outcome, never against the stored done_count,
+    which may itself be the fault: a done_count set too high must not make the run look
+    finished. So after every repair these findings give, the next check finds nothing.
+    """
+    run_id, status, job_count, done_count, done, total, job_rows = row
+    run = f"run {_shown(run_id)}"
+
+    def finding(message: str) -> None:
+        found("runs", _shown(run_id), f"{run} {message}")
+
+    if done_count != done:
+        finding(
+            f"has done_count {done_count!r} but {done} of its jobs are done (have an outcome); "
+            f"set done_count to {done}"
+        )
+    if job_rows != total:
+        finding(f"has job_rows {job_rows!r} but {total} jobs; set job_rows to {total}")
+    if not isinstance(job_count, int):
+        return  # unreadable: the decoder's finding says so; judged once it is repaired
+    if total > job_count:
+        # Which jobs go, or whether job_count grows, decides what is done: no status advice
+        # can be right for both, so it waits for the next check.
+        finding(
+            f"has job_count {job_count} but {total} jobs; delete the jobs it should not have, or "
+            f"set job_count to {total} if it should have them all; then run check() again, "
+            "which judges its done_count and status by the jobs that remain"
+        )
+        return
+    finished = done >= job_count  # all the jobs it can have are done (with job_count 0: none)
+    if finished and status != "done":
+        if job_count == 0:
+            finding(
+                f"has job_count 0 and is {status!r}: no outcome can ever finish it (this version "
+                "refuses such runs); set its status to 'done', or delete it"
+            )
+        else:
+            finding(f"has all {job_count} jobs done but is {status!r}; set its status to 'done'")
+    elif status == "done" and not finished:
+        finding(
+            f"is 'done' but only {done} of its {job_count} jobs are done; set its status to "
+            "'queued' for a scheduler to claim it and finish the rest"
+        )
 
 
 def _shown(value: object) -> str:

@@ -5,23 +5,26 @@ from __future__ import annotations
 import re
 import sqlite3
 from pathlib import Path
+from typing import Final
 
 import pytest
 
-from control_store import JobOutcome, Store
+from control_store import JobOutcome, Problem, Store
 
 from conftest import make_jobs, make_run, raw_db
 
 
 async def _edit(store: Store, sql: str, *params: object) -> None:
-    """A hand edit through the store's own connection, with foreign keys off as in a shell."""
+    """Hand edits (``;``-separated) through the store's own connection, foreign keys off as in a
+    shell."""
     backend = store._backend
     assert backend is not None
 
     def edit(conn: sqlite3.Connection) -> None:
         conn.execute("PRAGMA foreign_keys = OFF")
         try:
-            conn.execute(sql, params)
+            for statement in sql.split(";"):
+                conn.execute(statement, params)
         finally:
             conn.execute("PRAGMA foreign_keys = ON")
 
@@ -31,21 +34,30 @@ async def _edit(store: Store, sql: str, *params: object) -> None:
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
-        ("UPDATE runs SET done_count = 2", r"has done_count 2, 1 jobs done; set done_count to 1"),
+        (
+            "UPDATE runs SET done_count = 2",
+            r"has done_count 2 but 1 of its jobs are done \(have an outcome\); set done_count to 1",
+        ),
         (
             "UPDATE jobs SET status = 'done' WHERE outcome IS NULL",
             r"is 'done' but has no outcome; set its status to 'queued'",
         ),
         (
             "UPDATE runs SET status = 'done'",
-            r"is done with 1 of 3 jobs; set its status to 'queued'",
+            r"is 'done' but only 1 of its 3 jobs are done; set its status to 'queued'",
         ),
-        ("UPDATE runs SET job_count = 1", r"has all 1 jobs done but is 'running'; set its status"),
+        (
+            "DELETE FROM jobs WHERE outcome IS NULL; UPDATE runs SET job_count = 1, job_rows = 1",
+            r"has all 1 jobs done but is 'running'; set its status to 'done'",
+        ),
         ("UPDATE runs SET job_count = 2", r"has job_count 2 but 3 jobs; delete the jobs"),
         ("UPDATE jobs SET run_id = 'gone'", r"refers to run gone, which does not exist; restore"),
         ("UPDATE runs SET epochs = 'many'", r"runs\.epochs of row \S+ holds 'many'"),
-        ("UPDATE runs SET job_rows = 2", r"run \S+ has job_rows 2, 3 jobs; set it to 3"),
-        ("UPDATE runs SET job_count = 0", r"has job_count 0 and is 'running': no outcome can"),
+        ("UPDATE runs SET job_rows = 2", r"run \S+ has job_rows 2 but 3 jobs; set job_rows to 3"),
+        (
+            "DELETE FROM jobs; UPDATE runs SET job_count = 0, job_rows = 0, done_count = 0",
+            r"has job_count 0 and is 'running': no outcome can ever finish it",
+        ),
         (
             "UPDATE jobs SET status = 'queued' WHERE outcome IS NOT NULL",
             r"is 'queued' but has an outcome; set its status to 'done'",
@@ -204,3 +216,122 @@ def test_each_integrity_check_line_gets_a_repair() -> None:
     }
     for line, expected in cases.items():
         assert expected in integrity_repair(line), line
+
+
+# The repairs findings end with, as statements: the first alternative a finding offers.
+_SET_NUMBER: Final = re.compile(r"set (done_count|job_rows|job_count) to (\d+)")
+_SET_STATUS: Final = re.compile(r"set its status to '(\w+)'")
+
+
+def _follow(db_path: Path, problems: list[Problem]) -> None:
+    """Apply, by hand, the repair each finding describes (fails on a finding without one)."""
+    with raw_db(db_path) as conn:
+        for problem in problems:
+            table, row_id = problem.table, problem.row_id
+            if number := _SET_NUMBER.search(problem.message):
+                column, value = number[1], int(number[2])
+                conn.execute(f"UPDATE {table} SET {column} = ? WHERE id = ?", (value, row_id))
+            elif status := _SET_STATUS.search(problem.message):
+                conn.execute(f"UPDATE {table} SET status = ? WHERE id = ?", (status[1], row_id))
+            else:
+                raise AssertionError(f"no repair to follow in {problem}")
+
+
+_LAST_JOB: Final = "(SELECT max(rowid) FROM jobs)"
+
+
+@pytest.mark.parametrize(
+    ("job_count", "recorded", "edits", "final"),
+    [
+        (2, 0, ["UPDATE runs SET done_count = 2"], ("running", 0)),
+        (3, 1, ["UPDATE runs SET done_count = 3"], ("running", 1)),
+        (2, 2, ["UPDATE runs SET done_count = 0, status = 'running'"], ("done", 2)),
+        (2, 1, ["UPDATE runs SET done_count = 5"], ("running", 1)),
+        (
+            2,
+            1,
+            [
+                "UPDATE jobs SET status = 'done'",
+                "UPDATE runs SET done_count = 2, status = 'done'",
+            ],
+            ("queued", 1),
+        ),
+        (
+            2,
+            1,
+            ["UPDATE jobs SET status = 'queued'", "UPDATE runs SET done_count = 0"],
+            ("running", 1),
+        ),
+        (
+            2,
+            2,
+            [
+                f"UPDATE jobs SET status = 'running' WHERE rowid = {_LAST_JOB}",
+                "UPDATE runs SET done_count = 1, status = 'running'",
+            ],
+            ("done", 2),
+        ),
+        (
+            2,
+            2,
+            [f"UPDATE jobs SET status = 'running' WHERE rowid = {_LAST_JOB}"],
+            ("done", 2),
+        ),
+        (1, 0, ["DELETE FROM jobs", "UPDATE runs SET job_count = 0, job_rows = 0"], ("done", 0)),
+    ],
+    ids=[
+        "done-count-above-done-jobs",
+        "done-count-reaches-job-count",
+        "all-done-not-counted",
+        "done-count-past-job-count",
+        "counted-done-without-outcome",
+        "outcome-not-marked-or-counted",
+        "last-outcome-not-marked",
+        "last-outcome-not-marked-but-counted",
+        "no-jobs-to-finish",
+    ],
+)
+async def test_following_every_repair_leaves_nothing_to_find(
+    db_path: Path, job_count: int, recorded: int, edits: list[str], final: tuple[str, int]
+) -> None:
+    """After the repairs check() describes, check() finds nothing and the run is as it should be."""
+    run = make_run(job_count=job_count)
+    jobs = make_jobs(run)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+        await store.insert_jobs(jobs)
+        await store.claim_next_run()
+        for job in jobs[:recorded]:
+            await store.record_job_outcome(run.id, JobOutcome(job.id, score=1.0))
+    with raw_db(db_path) as conn:
+        for edit in edits:
+            conn.execute(edit)
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    assert problems
+    _follow(db_path, problems)
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        repaired = await store.get_run(run.id)
+    assert repaired is not None
+    assert (repaired.status, repaired.done_count) == final
+
+
+async def test_a_run_with_more_jobs_than_job_count_gets_no_status_advice(db_path: Path) -> None:
+    """While a run has more jobs than job_count, check() asks for that first, then a new check."""
+    run = make_run(job_count=3)
+    jobs = make_jobs(run)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+        await store.insert_jobs(jobs)
+        await store.claim_next_run()
+        await store.record_job_outcome(run.id, JobOutcome(jobs[0].id, score=1.0))
+    with raw_db(db_path) as conn:
+        conn.execute("UPDATE runs SET job_count = 1")  # 1 of 1 done, were job_count right
+    async with Store.connect(db_path) as store:
+        (problem,) = await store.check()
+    assert problem.message == (
+        f"run {run.id} has job_count 1 but 3 jobs; delete the jobs it should not have, or set "
+        "job_count to 3 if it should have them all; then run check() again, which judges its "
+        "done_count and status by the jobs that remain"
+    )
