@@ -24,6 +24,7 @@ import re
 import sqlite3
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -176,8 +177,26 @@ LEFT JOIN (
 # than by PRAGMA foreign_key_check, which names a row by its rowid where the finding wants the
 # job's id and the missing run's. One probe of runs' primary key per job, as that pragma does.
 CHECK_ORPHAN_JOBS: Final = """
-SELECT j.id, j.run_id FROM jobs AS j
+SELECT j.id, j.run_id, j.outcome IS NOT NULL FROM jobs AS j
 WHERE NOT EXISTS (SELECT 1 FROM runs AS r WHERE r.id = j.run_id)
+"""
+# Ids the store wrote are canonical UUID text (lower-case hex, hyphenated), and every lookup
+# by id binds that text: a row hand-inserted with another spelling of a UUID (upper case, no
+# hyphens, braces) decodes, so it is listed and claimed, yet get_run, insert_jobs and
+# record_job_outcome never find it. These scans stay in SQL and only offenders come up to
+# Python. Text that parses as a UUID is canonical exactly when it has the canonical shape (36
+# characters, hyphens at 9, 14, 19, 24: any hyphen elsewhere leaves fewer than 32 hex digits)
+# and no upper case; testing that is a third of the cost of a GLOB with a [0-9a-f] class per
+# character (0.5 s against 1.7 s over a million jobs here). What the filter lets through that
+# is no UUID at all is left to the decoders' finding.
+UUID_SHAPE_GLOB: Final = "????????-????-????-????-????????????"
+CHECK_NONCANONICAL_RUN_IDS: Final = """
+SELECT id FROM runs WHERE typeof(id) = 'text' AND (id NOT GLOB ? OR id != lower(id))
+ORDER BY rowid
+"""
+CHECK_NONCANONICAL_JOB_IDS: Final = """
+SELECT id FROM jobs WHERE typeof(id) = 'text' AND (id NOT GLOB ? OR id != lower(id))
+ORDER BY rowid
 """
 CHECK_JOB_OUTCOMES: Final = """
 SELECT id, status, outcome IS NOT NULL FROM jobs
@@ -1151,14 +1170,38 @@ def op_check(conn: sqlite3.Connection) -> list[Problem]:
 
 def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], None]) -> None:
     """The row-level half of op_check: foreign keys, readable rows, counters, outcomes."""
-    for job_id, run_id in conn.execute(CHECK_ORPHAN_JOBS):
-        run = _shown(run_id)
-        found(
-            "jobs",
-            _shown(job_id),
-            f"job {_shown(job_id)} refers to run {run}, which does not exist; restore run {run} "
-            "from a backup, or delete this job",
-        )
+    # The canonical text of each run id stored otherwise, to the text it is stored as.
+    respelled: dict[str, str] = {}
+    for (run_id,) in conn.execute(CHECK_NONCANONICAL_RUN_IDS, (UUID_SHAPE_GLOB,)):
+        if (canonical := _canonical_uuid(run_id)) is not None:
+            respelled[canonical] = run_id
+            found(
+                "runs",
+                run_id,
+                f"run {run_id} has its id stored as non-canonical text, so get_run and "
+                f"insert_jobs cannot find it; rewrite it as '{canonical}', in runs.id and in "
+                "jobs.run_id of its jobs, in one transaction after PRAGMA defer_foreign_keys = ON",
+            )
+    for (job_id,) in conn.execute(CHECK_NONCANONICAL_JOB_IDS, (UUID_SHAPE_GLOB,)):
+        if (canonical := _canonical_uuid(job_id)) is not None:
+            found(
+                "jobs",
+                job_id,
+                f"job {job_id} has its id stored as non-canonical text, so get_job and "
+                f"record_job_outcome cannot find it; rewrite it as '{canonical}'",
+            )
+    # Jobs a repair above re-attaches to their run, by its canonical id: [done, total] to add
+    # to what CHECK_RUN_COUNTERS counts for it, so that its counter findings already hold once
+    # the ids are rewritten.
+    adopted: dict[str, list[int]] = {}
+    for job_id, run_id, has_outcome in conn.execute(CHECK_ORPHAN_JOBS):
+        job = _shown(job_id)
+        message, parent = _missing_run(conn, run_id, respelled)
+        found("jobs", job, f"job {job} {message}")
+        if parent is not None:
+            counts = adopted.setdefault(parent, [0, 0])
+            counts[0] += has_outcome
+            counts[1] += 1
     decoders = ((SELECT_ALL_RUNS, _codec.decode_run), (SELECT_ALL_JOBS, _codec.decode_job))
     for select, decode in decoders:
         for row in conn.execute(select):
@@ -1166,7 +1209,12 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
                 decode(row)
             except CorruptRowError as exc:
                 found(exc.table, exc.row_id, str(exc))
+    canonical_of = {stored: canonical for canonical, stored in respelled.items()}
     for row in conn.execute(CHECK_RUN_COUNTERS):
+        if adopted:  # rare: only when some job's run_id is to be rewritten
+            extra = adopted.get(canonical_of.get(row[0], row[0]))
+            if extra is not None:
+                row = (*row[:4], row[4] + extra[0], row[5] + extra[1], row[6])
         _check_counters(row, found)
     for job_id, status, has_outcome in conn.execute(CHECK_JOB_OUTCOMES):
         # The status follows the outcome, never the reverse: a recorded outcome stands, and a
@@ -1224,6 +1272,50 @@ def _check_counters(row: Sequence[Any], found: Callable[[str, object, str], None
             f"is 'done' but only {done} of its {job_count} jobs are done; set its status to "
             "'queued' for a scheduler to claim it and finish the rest"
         )
+
+
+def _missing_run(
+    conn: sqlite3.Connection, run_id: object, respelled: dict[str, str]
+) -> tuple[str, str | None]:
+    """What is wrong with a job whose run_id names no run, with its repair; and the canonical
+    id of the run the repair attaches it to (None: it is to be restored or deleted).
+
+    Only run ids spelled otherwise than canonically need more than "restore it or delete the
+    job": the run may exist under the canonical text (the job's run_id is the one to rewrite),
+    or under yet another spelling (its own finding rewrites it; the job must follow).
+    """
+    canonical = _canonical_uuid(run_id)
+    if canonical is None:  # no UUID: the decoder's finding says so too
+        run = _shown(run_id)
+        return (
+            f"refers to run {run}, which does not exist; restore run {run} from a backup, or "
+            "delete this job"
+        ), None
+    rewrite = "" if canonical == run_id else f" and rewrite its run_id as '{canonical}'"
+    if (stored := respelled.get(canonical)) is not None:
+        return (
+            f"refers to run {run_id}, which is stored as {stored}; rewrite that run's id as "
+            f"'{canonical}' as its own finding says{rewrite}"
+        ), canonical
+    if canonical != run_id and conn.execute(SELECT_MISSING_RUN, (canonical,)).fetchone():
+        return (
+            f"has run_id {run_id}, the id of run {canonical} in non-canonical text; rewrite its "
+            f"run_id as '{canonical}'"
+        ), canonical
+    return (
+        f"refers to run {run_id}, which does not exist; restore run {canonical} from a "
+        f"backup{rewrite}, or delete this job"
+    ), None
+
+
+def _canonical_uuid(value: object) -> str | None:
+    """The canonical text of a stored id that is UUID text; None for anything else."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        return None
 
 
 def _shown(value: object) -> str:

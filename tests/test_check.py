@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -53,6 +54,9 @@ async def _edit(store: Store, sql: str, *params: object) -> None:
         ("UPDATE runs SET job_count = 2", r"has job_count 2 but 3 jobs; delete the jobs"),
         ("UPDATE jobs SET run_id = 'gone'", r"refers to run gone, which does not exist; restore"),
         ("UPDATE runs SET epochs = 'many'", r"runs\.epochs of row \S+ holds 'many'"),
+        ("UPDATE runs SET id = upper(id)", r"has its id stored as non-canonical text"),
+        ("UPDATE jobs SET id = upper(id)", r"has its id stored as non-canonical text"),
+        ("UPDATE jobs SET run_id = upper(run_id)", r"in non-canonical text; rewrite its run_id"),
         ("UPDATE runs SET job_rows = 2", r"run \S+ has job_rows 2 but 3 jobs; set job_rows to 3"),
         (
             "DELETE FROM jobs; UPDATE runs SET job_count = 0, job_rows = 0, done_count = 0",
@@ -71,6 +75,9 @@ async def _edit(store: Store, sql: str, *params: object) -> None:
         "too-many-jobs",
         "orphan-job",
         "unreadable",
+        "run-id-spelling",
+        "job-id-spelling",
+        "run-id-spelling-in-job",
         "job-rows-drift",
         "no-jobs-to-finish",
         "outcome-not-done",
@@ -221,6 +228,8 @@ def test_each_integrity_check_line_gets_a_repair() -> None:
 # The repairs findings end with, as statements: the first alternative a finding offers.
 _SET_NUMBER: Final = re.compile(r"set (done_count|job_rows|job_count) to (\d+)")
 _SET_STATUS: Final = re.compile(r"set its status to '(\w+)'")
+_SET_ID: Final = re.compile(r"rewrite it as '([0-9a-f-]{36})'")
+_SET_RUN_ID: Final = re.compile(r"rewrite its run_id as '([0-9a-f-]{36})'")
 
 
 def _follow(db_path: Path, problems: list[Problem]) -> None:
@@ -233,6 +242,15 @@ def _follow(db_path: Path, problems: list[Problem]) -> None:
                 conn.execute(f"UPDATE {table} SET {column} = ? WHERE id = ?", (value, row_id))
             elif status := _SET_STATUS.search(problem.message):
                 conn.execute(f"UPDATE {table} SET status = ? WHERE id = ?", (status[1], row_id))
+            elif run_id := _SET_RUN_ID.search(problem.message):
+                conn.execute("UPDATE jobs SET run_id = ? WHERE id = ?", (run_id[1], row_id))
+            elif table == "jobs" and (job_id := _SET_ID.search(problem.message)):
+                conn.execute("UPDATE jobs SET id = ? WHERE id = ?", (job_id[1], row_id))
+            elif table == "runs" and (new := _SET_ID.search(problem.message)):
+                assert "PRAGMA defer_foreign_keys = ON" in problem.message
+                conn.execute("PRAGMA defer_foreign_keys = ON")  # until this transaction ends
+                conn.execute("UPDATE runs SET id = ? WHERE id = ?", (new[1], row_id))
+                conn.execute("UPDATE jobs SET run_id = ? WHERE run_id = ?", (new[1], row_id))
             else:
                 raise AssertionError(f"no repair to follow in {problem}")
 
@@ -335,3 +353,92 @@ async def test_a_run_with_more_jobs_than_job_count_gets_no_status_advice(db_path
         "job_count to 3 if it should have them all; then run check() again, which judges its "
         "done_count and status by the jobs that remain"
     )
+
+
+_SPELLINGS: Final = {
+    "upper-case": str.upper,
+    "no-hyphens": lambda text: text.replace("-", ""),
+    "braces": lambda text: "{" + text + "}",
+    # Canonical length and case, hyphens elsewhere: uuid.UUID ignores hyphens wherever they are.
+    "moved-hyphens": lambda text: "-".join(_regroup(text.replace("-", ""), (4, 8, 8, 8, 4))),
+}
+
+
+def _regroup(hex_digits: str, sizes: tuple[int, ...]) -> list[str]:
+    """``hex_digits`` cut into consecutive groups of the given sizes."""
+    ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
+    return [hex_digits[end - size : end] for size, end in zip(sizes, ends, strict=True)]
+
+
+@pytest.mark.parametrize("spell", _SPELLINGS.values(), ids=_SPELLINGS.keys())
+async def test_ids_stored_as_other_uuid_text_are_reported_and_repairable(
+    db_path: Path, spell: Callable[[str], str]
+) -> None:
+    """A run and a job hand-inserted with ids in another UUID spelling, which lookups by id
+    cannot find, are reported; after the repairs the store finds and records them."""
+    run = make_run(job_count=2)
+    jobs = make_jobs(run)
+    respelled = spell(str(run.id))
+    with raw_db(db_path) as conn:  # foreign keys on: the jobs refer to the run as it is stored
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute(
+            "INSERT INTO runs (id, manifest, models, epochs, job_count, status, created_at, "
+            "job_rows) VALUES (?, 'm', '[\"a\"]', 1, 2, 'queued', "
+            "'2026-01-01T00:00:00.000000Z', 2)",
+            (respelled,),
+        )
+        for job_id in (spell(str(jobs[0].id)), str(jobs[1].id)):
+            conn.execute(
+                "INSERT INTO jobs (id, run_id, spec) VALUES (?, ?, ?)",
+                (job_id, respelled, '{"model":"a","sample_id":"s","epoch":0}'),
+            )
+    async with Store.connect(db_path) as store:
+        assert await store.get_run(run.id) is None
+        assert await store.get_job(jobs[0].id) is None
+        problems = await store.check()
+    assert sorted((p.table, p.row_id) for p in problems) == [
+        ("jobs", spell(str(jobs[0].id))),
+        ("runs", respelled),
+    ]
+    _follow(db_path, problems)
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        assert await store.get_run(run.id) is not None
+        assert [job.id for job in await store.list_jobs(run.id)] == [job.id for job in jobs]
+        for job in jobs:
+            assert await store.record_job_outcome(run.id, JobOutcome(job.id, score=1.0))
+        finished = await store.get_run(run.id)
+    assert finished is not None
+    assert (finished.status, finished.done_count) == ("done", 2)
+
+
+@pytest.mark.parametrize("run_stored", ["canonical", "upper-case", "missing"])
+async def test_a_job_whose_run_id_is_spelled_otherwise_gets_the_right_repair(
+    db_path: Path, run_stored: str
+) -> None:
+    """A job whose run_id is another spelling of its run's id is told to rewrite it, whether
+    the run is stored canonically, under another spelling, or not at all."""
+    run = make_run(job_count=1)
+    (job,) = make_jobs(run)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+        await store.insert_jobs([job])
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("UPDATE jobs SET run_id = ?", (str(run.id).replace("-", ""),))
+        if run_stored == "upper-case":
+            conn.execute("UPDATE runs SET id = upper(id)")
+        elif run_stored == "missing":
+            conn.execute("DELETE FROM runs")
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    (job_problem,) = [p for p in problems if p.table == "jobs"]
+    assert job_problem.row_id == str(job.id)
+    assert f"rewrite its run_id as '{run.id}'" in job_problem.message
+    if run_stored == "missing":
+        assert f"restore run {run.id} from a backup" in job_problem.message
+        return
+    _follow(db_path, problems)
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        assert await store.record_job_outcome(run.id, JobOutcome(job.id, score=1.0))
