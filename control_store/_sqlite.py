@@ -1169,7 +1169,8 @@ def op_check(conn: sqlite3.Connection) -> list[Problem]:
 
 
 def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], None]) -> None:
-    """The row-level half of op_check: foreign keys, readable rows, counters, outcomes."""
+    """The row-level half of op_check: id spellings, missing runs, readable rows, counters,
+    outcomes (the list is Store.check's docstring)."""
     # The canonical text of each run id stored otherwise, to the text it is stored as.
     respelled: dict[str, str] = {}
     for (run_id,) in conn.execute(CHECK_NONCANONICAL_RUN_IDS, (UUID_SHAPE_GLOB,)):
