@@ -24,6 +24,7 @@ import re
 import sqlite3
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -151,19 +152,51 @@ WHERE id = ? AND job_rows + ? <= job_count
     AND typeof(job_rows) = 'integer' AND typeof(job_count) = 'integer'
 """
 SELECT_JOB_ROWS: Final = "SELECT job_count, job_rows FROM runs WHERE id = ?"
+# A job of this insert_jobs call for a run that turned out to be missing: the call's rows are
+# the run's newest, and idx_jobs_run keys (run_id, rowid), so this is one seek.
+SELECT_NEWEST_JOB_OF_RUN: Final = "SELECT id FROM jobs WHERE run_id = ? ORDER BY rowid DESC LIMIT 1"
 SELECT_RUNS: Final = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY created_at DESC, rowid DESC LIMIT ?"
 SELECT_RUNS_BY_STATUS: Final = (
     f"SELECT {_RUN_COLUMNS} FROM runs WHERE status = ? ORDER BY created_at DESC, rowid DESC LIMIT ?"
 )
 
-# The check's view of every run's counters beside what its jobs say.
+# The check's view of every run's counters beside what its jobs say. A job counts as done when
+# it has an outcome, not by its status: the check's repair for a job whose status disagrees
+# with its outcome makes the status follow the outcome, so this is the count once every repair
+# is made, and the run's repairs (done_count, status) agree with the jobs' instead of undoing
+# them. One pass over jobs, grouped in SQL: no row of jobs comes up to Python.
 CHECK_RUN_COUNTERS: Final = """
 SELECT r.id, r.status, r.job_count, r.done_count, COALESCE(j.done, 0), COALESCE(j.total, 0),
     r.job_rows
 FROM runs AS r
 LEFT JOIN (
-    SELECT run_id, SUM(status = 'done') AS done, COUNT(*) AS total FROM jobs GROUP BY run_id
+    SELECT run_id, SUM(outcome IS NOT NULL) AS done, COUNT(*) AS total FROM jobs GROUP BY run_id
 ) AS j ON j.run_id = r.id
+"""
+# Jobs whose run_id names no run: the schema's one foreign key (0001), checked directly rather
+# than by PRAGMA foreign_key_check, which names a row by its rowid where the finding wants the
+# job's id and the missing run's. One probe of runs' primary key per job, as that pragma does.
+CHECK_ORPHAN_JOBS: Final = """
+SELECT j.id, j.run_id, j.outcome IS NOT NULL FROM jobs AS j
+WHERE NOT EXISTS (SELECT 1 FROM runs AS r WHERE r.id = j.run_id)
+"""
+# Ids the store wrote are canonical UUID text (lower-case hex, hyphenated), and every lookup
+# by id binds that text: a row hand-inserted with another spelling of a UUID (upper case, no
+# hyphens, braces) decodes, so it is listed and claimed, yet get_run, insert_jobs and
+# record_job_outcome never find it. These scans stay in SQL and only offenders come up to
+# Python. Text that parses as a UUID is canonical exactly when it has the canonical shape (36
+# characters, hyphens at 9, 14, 19, 24: any hyphen elsewhere leaves fewer than 32 hex digits)
+# and no upper case; testing that is a third of the cost of a GLOB with a [0-9a-f] class per
+# character (0.5 s against 1.7 s over a million jobs here). What the filter lets through that
+# is no UUID at all is left to the decoders' finding.
+UUID_SHAPE_GLOB: Final = "????????-????-????-????-????????????"
+CHECK_NONCANONICAL_RUN_IDS: Final = """
+SELECT id FROM runs WHERE typeof(id) = 'text' AND (id NOT GLOB ? OR id != lower(id))
+ORDER BY rowid
+"""
+CHECK_NONCANONICAL_JOB_IDS: Final = """
+SELECT id FROM jobs WHERE typeof(id) = 'text' AND (id NOT GLOB ? OR id != lower(id))
+ORDER BY rowid
 """
 CHECK_JOB_OUTCOMES: Final = """
 SELECT id, status, outcome IS NOT NULL FROM jobs
@@ -1043,8 +1076,12 @@ def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
 def _refuse_job_rows(run_id: str, added: int, conn: sqlite3.Connection) -> NoReturn:
     """Raise the error that explains why ADD_JOB_ROWS changed nothing (the call rolls back)."""
     row = _leniently(conn, lambda: conn.execute(SELECT_JOB_ROWS, (run_id,)).fetchone())
-    if row is None:  # only if foreign keys were off when the jobs were written
-        raise _codec.corrupt_row("jobs", "run_id", run_id, run_id, "its run does not exist")
+    if row is None:  # only if foreign keys were off on this connection: the FK refuses it
+        (job_id,) = conn.execute(SELECT_NEWEST_JOB_OF_RUN, (run_id,)).fetchone()
+        raise MissingRunError(
+            f"job {job_id} refers to run {run_id}, which does not exist; no job of this call "
+            "was inserted: insert the run first"
+        )
     job_count, job_rows = row
     for value, column in ((job_count, "job_count"), (job_rows, "job_rows")):
         if not isinstance(value, int):
@@ -1066,6 +1103,46 @@ def op_list_runs(status: str | None, limit: int, conn: sqlite3.Connection) -> li
     return _codec.decode_runs(_leniently(conn, query))
 
 
+# The lines of PRAGMA integrity_check whose repair is known (SQLite's wording, stable across
+# versions since 3.x). SQLite documents an index that lost or gained entries
+# (SQLITE_CORRUPT_INDEX) as "might be resolved by running the REINDEX command, assuming no
+# other problems exist elsewhere in the database file"; a duplicate in a UNIQUE index must
+# lose a row first, or REINDEX fails on it.
+_INDEX_ENTRIES: Final = re.compile(r"(?:missing from|wrong # of entries in) index (\S+)$")
+_NOT_UNIQUE: Final = re.compile(r"non-unique entry in UNIQUE index (\S+)$")
+_BAD_VALUE: Final = re.compile(r"^NULL value in (\w+)\.(\w+)$")
+_RESTORE: Final = (
+    "restore the file from a backup; without one, the sqlite3 shell's .recover command copies "
+    "what is still readable into a new database"
+)
+
+
+_ROWS_SKIPPED: Final = (
+    "the row-level checks were skipped: they read through the structures SQLite found damaged, "
+    "so their findings could be wrong; make the repairs above, then run check() again"
+)
+
+
+def integrity_repair(line: str) -> str:
+    """The finding for one line of PRAGMA integrity_check, ending with its repair."""
+    if match := _INDEX_ENTRIES.search(line):
+        fix = f"rebuild the index: REINDEX {match[1]}"
+    elif match := _NOT_UNIQUE.search(line):
+        fix = (
+            f"two rows hold the same key of index {match[1]}: delete the one that should not "
+            f"exist, then REINDEX {match[1]}"
+        )
+    elif match := _BAD_VALUE.search(line):
+        table, column = match[1], match[2]
+        fix = (
+            f"find the row with SELECT rowid FROM {table} WHERE {column} IS NULL and set "
+            f"{column} or delete the row, or {_RESTORE}"
+        )
+    else:  # damaged pages, or a value of the wrong type: the file itself is not to be trusted
+        fix = _RESTORE
+    return f"SQLite integrity check: {line}; {fix}"
+
+
 def op_check(conn: sqlite3.Connection) -> list[Problem]:
     """Every inconsistency in the database, read in one snapshot, changing nothing."""
     problems: list[Problem] = []
@@ -1081,19 +1158,16 @@ def op_check(conn: sqlite3.Connection) -> list[Problem]:
             try:
                 for (result,) in conn.execute("PRAGMA integrity_check"):
                     if result != "ok":
-                        found("database", "", f"SQLite integrity check: {result}")
+                        found("database", "", integrity_repair(result))
             except sqlite3.DatabaseError as exc:  # damage so deep the check itself cannot run
-                message = f"SQLite integrity check failed: {exc}; restore from a backup"
-                found("database", "", message)
-            damaged = bool(problems)
-            try:
+                found("database", "", f"SQLite integrity check failed: {exc}; {_RESTORE}")
+            if problems:
+                # The row-level queries read through these same b-trees (the counters through
+                # idx_jobs_run): over an index missing rows they would report, say, a wrong
+                # job_rows whose "repair" breaks a sound run. Repair the file first.
+                found("database", "", _ROWS_SKIPPED)
+            else:
                 _check_rows(conn, found)
-            except sqlite3.DatabaseError as exc:
-                # A damaged b-tree can fail the queries below (SQLITE_CORRUPT); the integrity
-                # check has already said why, so report rather than raise.
-                if not damaged:
-                    raise
-                found("database", "", f"rows could not all be read ({exc}); restore from a backup")
     finally:
         try:
             conn.execute("COMMIT")
@@ -1104,14 +1178,40 @@ def op_check(conn: sqlite3.Connection) -> list[Problem]:
 
 
 def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], None]) -> None:
-    """The row-level half of op_check: foreign keys, readable rows, counters, outcomes."""
-    for table, rowid, parent, _ in conn.execute("PRAGMA foreign_key_check"):
-        found(
-            table,
-            rowid,
-            f"{table} row {rowid} refers to a missing {parent} row; restore that row from a "
-            "backup, or delete this one",
-        )
+    """The row-level half of op_check: id spellings, missing runs, readable rows, counters,
+    outcomes (the list is Store.check's docstring)."""
+    # The canonical text of each run id stored otherwise, to the text it is stored as.
+    respelled: dict[str, str] = {}
+    for (run_id,) in conn.execute(CHECK_NONCANONICAL_RUN_IDS, (UUID_SHAPE_GLOB,)):
+        if (canonical := _canonical_uuid(run_id)) is not None:
+            respelled[canonical] = run_id
+            found(
+                "runs",
+                run_id,
+                f"run {run_id} has its id stored as non-canonical text, so get_run and "
+                f"insert_jobs cannot find it; rewrite it as '{canonical}', in runs.id and in "
+                "jobs.run_id of its jobs, in one transaction after PRAGMA defer_foreign_keys = ON",
+            )
+    for (job_id,) in conn.execute(CHECK_NONCANONICAL_JOB_IDS, (UUID_SHAPE_GLOB,)):
+        if (canonical := _canonical_uuid(job_id)) is not None:
+            found(
+                "jobs",
+                job_id,
+                f"job {job_id} has its id stored as non-canonical text, so get_job and "
+                f"record_job_outcome cannot find it; rewrite it as '{canonical}'",
+            )
+    # Jobs a repair above re-attaches to their run, by its canonical id: [done, total] to add
+    # to what CHECK_RUN_COUNTERS counts for it, so that its counter findings already hold once
+    # the ids are rewritten.
+    adopted: dict[str, list[int]] = {}
+    for job_id, run_id, has_outcome in conn.execute(CHECK_ORPHAN_JOBS):
+        job = _shown(job_id)
+        message, parent = _missing_run(conn, run_id, respelled)
+        found("jobs", job, f"job {job} {message}")
+        if parent is not None:
+            counts = adopted.setdefault(parent, [0, 0])
+            counts[0] += has_outcome
+            counts[1] += 1
     decoders = ((SELECT_ALL_RUNS, _codec.decode_run), (SELECT_ALL_JOBS, _codec.decode_job))
     for select, decode in decoders:
         for row in conn.execute(select):
@@ -1119,56 +1219,118 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
                 decode(row)
             except CorruptRowError as exc:
                 found(exc.table, exc.row_id, str(exc))
-    for run_id, status, job_count, done_count, done, total, job_rows in conn.execute(
-        CHECK_RUN_COUNTERS
-    ):
-        run = f"run {run_id}"
-        if done_count != done:
-            found(
-                "runs",
-                run_id,
-                f"{run} has done_count {done_count!r}, {done} jobs done; set done_count to {done}",
-            )
-        if job_rows != total:
-            found(
-                "runs", run_id, f"{run} has job_rows {job_rows!r}, {total} jobs; set it to {total}"
-            )
-        counted = isinstance(job_count, int) and isinstance(done_count, int)
-        if counted and total > job_count:
-            found(
-                "runs",
-                run_id,
-                f"{run} has job_count {job_count} but {total} jobs; delete the jobs it should not "
-                f"have, or set job_count to {total} if it should have them all",
-            )
-        if counted and job_count == 0 and status != "done":
-            found(
-                "runs",
-                run_id,
-                f"{run} has job_count 0 and is {status!r}: no outcome can ever finish it "
-                "(this version refuses such runs); delete it, or mark it done",
-            )
-        finished = counted and 0 < job_count <= done_count
-        if finished and status != "done":
-            found(
-                "runs",
-                run_id,
-                f"{run} has all {job_count} jobs done but is {status!r}; set its status to 'done'",
-            )
-        if status == "done" and not finished:
-            found(
-                "runs",
-                run_id,
-                f"{run} is done with {done_count!r} of {job_count!r} jobs; set its status to "
-                "'queued' for a scheduler to claim it and finish the rest",
-            )
+    canonical_of = {stored: canonical for canonical, stored in respelled.items()}
+    for row in conn.execute(CHECK_RUN_COUNTERS):
+        if adopted:  # rare: only when some job's run_id is to be rewritten
+            extra = adopted.get(canonical_of.get(row[0], row[0]))
+            if extra is not None:
+                row = (*row[:4], row[4] + extra[0], row[5] + extra[1], row[6])
+        _check_counters(row, found)
     for job_id, status, has_outcome in conn.execute(CHECK_JOB_OUTCOMES):
-        if has_outcome:  # recorded but not marked: the outcome stands, the status lags
-            fix = "set its status to 'done' and add it to its run's done_count"
+        # The status follows the outcome, never the reverse: a recorded outcome stands, and a
+        # job without one has not run. CHECK_RUN_COUNTERS counts by outcome for the same reason,
+        # so its run's done_count finding already accounts for this repair.
+        if has_outcome:
+            what, fix = "has an outcome", "set its status to 'done'"
         else:
-            fix = "set its status to 'queued' for it to run again"
-        what = "has an outcome" if has_outcome else "has no outcome"
-        found("jobs", job_id, f"job {job_id} is {status!r} but {what}; {fix}")
+            what, fix = "has no outcome", "set its status to 'queued' for it to run again"
+        found("jobs", _shown(job_id), f"job {_shown(job_id)} is {status!r} but {what}; {fix}")
+
+
+def _check_counters(row: Sequence[Any], found: Callable[[str, object, str], None]) -> None:
+    """The findings for one run's row of CHECK_RUN_COUNTERS.
+
+    Judged against ``done``, its jobs with an outcome, never against the stored done_count,
+    which may itself be the fault: a done_count set too high must not make the run look
+    finished. So after every repair these findings give, the next check finds nothing.
+    """
+    run_id, status, job_count, done_count, done, total, job_rows = row
+    run = f"run {_shown(run_id)}"
+
+    def finding(message: str) -> None:
+        found("runs", _shown(run_id), f"{run} {message}")
+
+    if done_count != done:
+        finding(
+            f"has done_count {done_count!r} but {done} of its jobs are done (have an outcome); "
+            f"set done_count to {done}"
+        )
+    if job_rows != total:
+        finding(f"has job_rows {job_rows!r} but {total} jobs; set job_rows to {total}")
+    if not isinstance(job_count, int):
+        return  # unreadable: the decoder's finding says so; judged once it is repaired
+    if total > job_count:
+        # Which jobs go, or whether job_count grows, decides what is done: no status advice
+        # can be right for both, so it waits for the next check.
+        finding(
+            f"has job_count {job_count} but {total} jobs; delete the jobs it should not have, or "
+            f"set job_count to {total} if it should have them all; then run check() again, "
+            "which judges its done_count and status by the jobs that remain"
+        )
+        return
+    finished = done >= job_count  # all the jobs it can have are done (with job_count 0: none)
+    if finished and status != "done":
+        if job_count == 0:
+            finding(
+                f"has job_count 0 and is {status!r}: no outcome can ever finish it (this version "
+                "refuses such runs); set its status to 'done', or delete it"
+            )
+        else:
+            finding(f"has all {job_count} jobs done but is {status!r}; set its status to 'done'")
+    elif status == "done" and not finished:
+        finding(
+            f"is 'done' but only {done} of its {job_count} jobs are done; set its status to "
+            "'queued' for a scheduler to claim it and finish the rest"
+        )
+
+
+def _missing_run(
+    conn: sqlite3.Connection, run_id: object, respelled: dict[str, str]
+) -> tuple[str, str | None]:
+    """What is wrong with a job whose run_id names no run, with its repair; and the canonical
+    id of the run the repair attaches it to (None: it is to be restored or deleted).
+
+    Only run ids spelled otherwise than canonically need more than "restore it or delete the
+    job": the run may exist under the canonical text (the job's run_id is the one to rewrite),
+    or under yet another spelling (its own finding rewrites it; the job must follow).
+    """
+    canonical = _canonical_uuid(run_id)
+    if canonical is None:  # no UUID: the decoder's finding says so too
+        run = _shown(run_id)
+        return (
+            f"refers to run {run}, which does not exist; restore run {run} from a backup, or "
+            "delete this job"
+        ), None
+    rewrite = "" if canonical == run_id else f" and rewrite its run_id as '{canonical}'"
+    if (stored := respelled.get(canonical)) is not None:
+        return (
+            f"refers to run {run_id}, which is stored as {stored}; rewrite that run's id as "
+            f"'{canonical}' as its own finding says{rewrite}"
+        ), canonical
+    if canonical != run_id and conn.execute(SELECT_MISSING_RUN, (canonical,)).fetchone():
+        return (
+            f"has run_id {run_id}, the id of run {canonical} in non-canonical text; rewrite its "
+            f"run_id as '{canonical}'"
+        ), canonical
+    return (
+        f"refers to run {run_id}, which does not exist; restore run {canonical} from a "
+        f"backup{rewrite}, or delete this job"
+    ), None
+
+
+def _canonical_uuid(value: object) -> str | None:
+    """The canonical text of a stored id that is UUID text; None for anything else."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        return None
+
+
+def _shown(value: object) -> str:
+    """A stored id as a finding shows it: text as is, anything else (bytes, a number) as repr."""
+    return value if isinstance(value, str) else repr(value)
 
 
 def op_claim_next_run(conn: sqlite3.Connection) -> Run | None:
@@ -1258,17 +1420,21 @@ def op_record_outcome(
 ) -> bool:
     if conn.execute(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount == 1:
         if conn.execute(ADVANCE_RUN, (run_id,)).rowcount != 1:
-            _refuse_corrupt_counters(run_id, conn)
+            _refuse_corrupt_counters(run_id, job_id, conn)
         return True
     _why_unrecorded(run_id, job_id, conn)
     return False  # a redelivery: the first outcome stands
 
 
-def _refuse_corrupt_counters(run_id: str, conn: sqlite3.Connection) -> None:
-    """Raise the CorruptRowError for the run whose counters ADVANCE_RUN refused to touch."""
+def _refuse_corrupt_counters(run_id: str, job_id: str, conn: sqlite3.Connection) -> None:
+    """Raise the CorruptRowError for the run whose counters ADVANCE_RUN refused to touch.
+
+    ``job_id`` is a job this call marked done: when the run row is missing, the row at fault is
+    that job's (its run_id names no run), so the error names the job, not the absent run.
+    """
     row = _leniently(conn, lambda: conn.execute(SELECT_RUN_COUNTERS, (run_id,)).fetchone())
-    if row is None:  # only if foreign keys were off when the job was written
-        raise _codec.corrupt_row("jobs", "run_id", run_id, run_id, "its run does not exist")
+    if row is None:  # only if the run was deleted with foreign keys off
+        raise _codec.corrupt_row("jobs", "run_id", job_id, run_id, "its run does not exist")
     for index, column in ((1, "job_count"), (2, "done_count")):
         if not isinstance(row[index], int):
             raise _codec.corrupt_row("runs", column, run_id, row[index], "expected an integer")
@@ -1287,16 +1453,19 @@ def op_record_outcomes(
     results: list[bool] = []
     record = results.append
     new = 0
+    first_new = ""  # a job this batch marked, for the error if the run cannot advance
     mark = conn.cursor().execute  # one cursor for the batch, not one per statement
     for job_id, outcome_json in outcomes:
         if mark(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount == 1:
+            if not new:
+                first_new = job_id
             new += 1
             record(True)
         else:
             _why_unrecorded(run_id, job_id, conn)
             record(False)
     if new and conn.execute(ADVANCE_RUN_BY, (new, new, run_id)).rowcount != 1:
-        _refuse_corrupt_counters(run_id, conn)
+        _refuse_corrupt_counters(run_id, first_new, conn)
     return results
 
 

@@ -425,9 +425,27 @@ class Store:
     async def check(self) -> list[Problem]:
         """Look for inconsistencies without changing anything; [] means the store is sound.
 
-        Checks SQLite's own integrity and foreign keys, that every row can be read, that each
-        run's done_count equals its done jobs and its status agrees with its counters, and that
-        exactly the done jobs have an outcome.
+        One read snapshot. Each ``Problem`` names the table and the row's id, and its message
+        ends with the repair. The repairs that set or rewrite a value agree with each other:
+        after all of them the next check finds nothing. Repairs that restore, delete or
+        re-index rows may reveal more: check again after them. It finds:
+
+        - lines of SQLite's ``PRAGMA integrity_check`` (table "database"): an index missing or
+          holding extra entries (repair: ``REINDEX``), a duplicate in a UNIQUE index, a NULL
+          in a NOT NULL column, damaged pages (repair: restore a backup, or ``.recover``). If
+          there is any, the row checks below are skipped, with a finding saying so: they read
+          through the damaged structures;
+        - a run or job id stored as UUID text in another spelling than the canonical
+          lower-case hyphenated one, which lookups by id cannot find;
+        - a job whose run does not exist (or whose run_id spells its run's id otherwise);
+        - a value this version cannot read (the column, the value, what was expected);
+        - a run whose done_count differs from its jobs with an outcome, whose job_rows differs
+          from its jobs, that has more jobs than its job_count, that has job_count 0 and is not
+          done, whose jobs are all done but is not 'done', or that is 'done' with jobs left;
+        - a job whose status disagrees with its outcome ('done' exactly when it has one).
+
+        A run is judged by its jobs with an outcome, never by its stored done_count, which may
+        be the very thing at fault.
         """
         backend = self._open()
         return await backend.read(_sqlite.op_check)

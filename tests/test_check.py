@@ -4,24 +4,28 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 import pytest
 
-from control_store import JobOutcome, Store
+from control_store import JobOutcome, Problem, Store
 
-from conftest import make_jobs, make_run
+from conftest import make_jobs, make_run, raw_db
 
 
 async def _edit(store: Store, sql: str, *params: object) -> None:
-    """A hand edit through the store's own connection, with foreign keys off as in a shell."""
+    """Hand edits (``;``-separated) through the store's own connection, foreign keys off as in a
+    shell."""
     backend = store._backend
     assert backend is not None
 
     def edit(conn: sqlite3.Connection) -> None:
         conn.execute("PRAGMA foreign_keys = OFF")
         try:
-            conn.execute(sql, params)
+            for statement in sql.split(";"):
+                conn.execute(statement, params)
         finally:
             conn.execute("PRAGMA foreign_keys = ON")
 
@@ -31,21 +35,33 @@ async def _edit(store: Store, sql: str, *params: object) -> None:
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
-        ("UPDATE runs SET done_count = 2", r"has done_count 2, 1 jobs done; set done_count to 1"),
+        (
+            "UPDATE runs SET done_count = 2",
+            r"has done_count 2 but 1 of its jobs are done \(have an outcome\); set done_count to 1",
+        ),
         (
             "UPDATE jobs SET status = 'done' WHERE outcome IS NULL",
             r"is 'done' but has no outcome; set its status to 'queued'",
         ),
         (
             "UPDATE runs SET status = 'done'",
-            r"is done with 1 of 3 jobs; set its status to 'queued'",
+            r"is 'done' but only 1 of its 3 jobs are done; set its status to 'queued'",
         ),
-        ("UPDATE runs SET job_count = 1", r"has all 1 jobs done but is 'running'; set its status"),
+        (
+            "DELETE FROM jobs WHERE outcome IS NULL; UPDATE runs SET job_count = 1, job_rows = 1",
+            r"has all 1 jobs done but is 'running'; set its status to 'done'",
+        ),
         ("UPDATE runs SET job_count = 2", r"has job_count 2 but 3 jobs; delete the jobs"),
-        ("UPDATE jobs SET run_id = 'gone'", r"refers to a missing runs row; restore that row"),
+        ("UPDATE jobs SET run_id = 'gone'", r"refers to run gone, which does not exist; restore"),
         ("UPDATE runs SET epochs = 'many'", r"runs\.epochs of row \S+ holds 'many'"),
-        ("UPDATE runs SET job_rows = 2", r"run \S+ has job_rows 2, 3 jobs; set it to 3"),
-        ("UPDATE runs SET job_count = 0", r"has job_count 0 and is 'running': no outcome can"),
+        ("UPDATE runs SET id = upper(id)", r"has its id stored as non-canonical text"),
+        ("UPDATE jobs SET id = upper(id)", r"has its id stored as non-canonical text"),
+        ("UPDATE jobs SET run_id = upper(run_id)", r"in non-canonical text; rewrite its run_id"),
+        ("UPDATE runs SET job_rows = 2", r"run \S+ has job_rows 2 but 3 jobs; set job_rows to 3"),
+        (
+            "DELETE FROM jobs; UPDATE runs SET job_count = 0, job_rows = 0, done_count = 0",
+            r"has job_count 0 and is 'running': no outcome can ever finish it",
+        ),
         (
             "UPDATE jobs SET status = 'queued' WHERE outcome IS NOT NULL",
             r"is 'queued' but has an outcome; set its status to 'done'",
@@ -59,6 +75,9 @@ async def _edit(store: Store, sql: str, *params: object) -> None:
         "too-many-jobs",
         "orphan-job",
         "unreadable",
+        "run-id-spelling",
+        "job-id-spelling",
+        "run-id-spelling-in-job",
         "job-rows-drift",
         "no-jobs-to-finish",
         "outcome-not-done",
@@ -126,3 +145,300 @@ async def test_check_reports_a_damaged_file(db_path: Path) -> None:
     async with Store.connect(db_path, migrate=False) as store:
         problems = await store.check()
     assert any(p.table == "database" and "integrity check" in p.message for p in problems)
+
+
+async def test_a_job_whose_run_is_missing_is_named_by_its_id(db_path: Path) -> None:
+    """A job whose run row was deleted is reported by the job's id, naming the missing run."""
+    run = make_run(job_count=2)
+    jobs = make_jobs(run)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+        await store.insert_jobs(jobs)
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("DELETE FROM runs")
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    assert sorted(p.row_id for p in problems) == sorted(str(job.id) for job in jobs)
+    for problem in problems:
+        assert problem.table == "jobs"
+        assert problem.message == (
+            f"job {problem.row_id} refers to run {run.id}, which does not exist; restore run "
+            f"{run.id} from a backup, or delete this job"
+        )
+
+
+def _unindexed_job(db_path: Path) -> None:
+    """Insert a job row that idx_jobs_run does not hold, as a crash or bad copy could leave."""
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA writable_schema = ON")
+        saved = conn.execute("SELECT * FROM sqlite_schema WHERE name = 'idx_jobs_run'").fetchone()
+        conn.execute("DELETE FROM sqlite_schema WHERE name = 'idx_jobs_run'")
+    with raw_db(db_path) as conn:  # reopened: this connection's schema has no such index
+        conn.execute(
+            "INSERT INTO jobs (id, run_id, spec) SELECT ?, run_id, spec FROM jobs LIMIT 1",
+            ("00000000-0000-4000-8000-000000000001",),
+        )
+        conn.execute("UPDATE runs SET job_rows = job_rows + 1, job_count = job_count + 1")
+        conn.execute("PRAGMA writable_schema = ON")
+        conn.execute("INSERT INTO sqlite_schema VALUES (?, ?, ?, ?, ?)", saved)
+
+
+async def test_an_index_missing_rows_is_reported_with_reindex_as_its_repair(
+    db_path: Path,
+) -> None:
+    """An index that lost entries is reported with REINDEX as the repair, which clears it."""
+    async with Store.connect(db_path) as store:
+        run = make_run(job_count=2)
+        await store.insert_run(run)
+        await store.insert_jobs(make_jobs(run))
+    _unindexed_job(db_path)
+    async with Store.connect(db_path, migrate=False) as store:
+        problems = await store.check()
+    *damage, skipped = problems
+    assert damage
+    assert all((p.table, p.row_id) == ("database", "") for p in problems)
+    for problem in damage:
+        assert problem.message.startswith("SQLite integrity check: ")
+        assert problem.message.endswith("; rebuild the index: REINDEX idx_jobs_run"), problem
+    # Not "job_rows 3, 2 jobs": the counters read through the index that lost a row.
+    assert skipped.message.startswith("the row-level checks were skipped")
+    with raw_db(db_path) as conn:
+        conn.execute("REINDEX idx_jobs_run")
+    async with Store.connect(db_path, migrate=False) as store:
+        assert await store.check() == []
+
+
+def test_each_integrity_check_line_gets_a_repair() -> None:
+    """Every kind of line PRAGMA integrity_check prints maps to a finding that ends in a repair."""
+    from control_store._sqlite import integrity_repair
+
+    cases = {
+        "row 3 missing from index idx_jobs_run": "rebuild the index: REINDEX idx_jobs_run",
+        "wrong # of entries in index idx_runs_status": "rebuild the index: REINDEX idx_runs_status",
+        "non-unique entry in UNIQUE index sqlite_autoindex_runs_1": "two rows hold the same",
+        "NULL value in jobs.spec": "SELECT rowid FROM jobs WHERE spec IS NULL",
+        "NUMERIC value in runs.manifest": "restore the file from a backup",
+        "*** in database main ***\nPage 7: btreeInitPage() returns error code 11": ".recover",
+    }
+    for line, expected in cases.items():
+        assert expected in integrity_repair(line), line
+
+
+# The repairs findings end with, as statements: the first alternative a finding offers.
+_SET_NUMBER: Final = re.compile(r"set (done_count|job_rows|job_count) to (\d+)")
+_SET_STATUS: Final = re.compile(r"set its status to '(\w+)'")
+_SET_ID: Final = re.compile(r"rewrite it as '([0-9a-f-]{36})'")
+_SET_RUN_ID: Final = re.compile(r"rewrite its run_id as '([0-9a-f-]{36})'")
+
+
+def _follow(db_path: Path, problems: list[Problem]) -> None:
+    """Apply, by hand, the repair each finding describes (fails on a finding without one)."""
+    with raw_db(db_path) as conn:
+        for problem in problems:
+            table, row_id = problem.table, problem.row_id
+            if number := _SET_NUMBER.search(problem.message):
+                column, value = number[1], int(number[2])
+                conn.execute(f"UPDATE {table} SET {column} = ? WHERE id = ?", (value, row_id))
+            elif status := _SET_STATUS.search(problem.message):
+                conn.execute(f"UPDATE {table} SET status = ? WHERE id = ?", (status[1], row_id))
+            elif run_id := _SET_RUN_ID.search(problem.message):
+                conn.execute("UPDATE jobs SET run_id = ? WHERE id = ?", (run_id[1], row_id))
+            elif table == "jobs" and (job_id := _SET_ID.search(problem.message)):
+                conn.execute("UPDATE jobs SET id = ? WHERE id = ?", (job_id[1], row_id))
+            elif table == "runs" and (new := _SET_ID.search(problem.message)):
+                assert "PRAGMA defer_foreign_keys = ON" in problem.message
+                conn.execute("PRAGMA defer_foreign_keys = ON")  # until this transaction ends
+                conn.execute("UPDATE runs SET id = ? WHERE id = ?", (new[1], row_id))
+                conn.execute("UPDATE jobs SET run_id = ? WHERE run_id = ?", (new[1], row_id))
+            else:
+                raise AssertionError(f"no repair to follow in {problem}")
+
+
+_LAST_JOB: Final = "(SELECT max(rowid) FROM jobs)"
+
+
+@pytest.mark.parametrize(
+    ("job_count", "recorded", "edits", "final"),
+    [
+        (2, 0, ["UPDATE runs SET done_count = 2"], ("running", 0)),
+        (3, 1, ["UPDATE runs SET done_count = 3"], ("running", 1)),
+        (2, 2, ["UPDATE runs SET done_count = 0, status = 'running'"], ("done", 2)),
+        (2, 1, ["UPDATE runs SET done_count = 5"], ("running", 1)),
+        (
+            2,
+            1,
+            [
+                "UPDATE jobs SET status = 'done'",
+                "UPDATE runs SET done_count = 2, status = 'done'",
+            ],
+            ("queued", 1),
+        ),
+        (
+            2,
+            1,
+            ["UPDATE jobs SET status = 'queued'", "UPDATE runs SET done_count = 0"],
+            ("running", 1),
+        ),
+        (
+            2,
+            2,
+            [
+                f"UPDATE jobs SET status = 'running' WHERE rowid = {_LAST_JOB}",
+                "UPDATE runs SET done_count = 1, status = 'running'",
+            ],
+            ("done", 2),
+        ),
+        (
+            2,
+            2,
+            [f"UPDATE jobs SET status = 'running' WHERE rowid = {_LAST_JOB}"],
+            ("done", 2),
+        ),
+        (1, 0, ["DELETE FROM jobs", "UPDATE runs SET job_count = 0, job_rows = 0"], ("done", 0)),
+    ],
+    ids=[
+        "done-count-above-done-jobs",
+        "done-count-reaches-job-count",
+        "all-done-not-counted",
+        "done-count-past-job-count",
+        "counted-done-without-outcome",
+        "outcome-not-marked-or-counted",
+        "last-outcome-not-marked",
+        "last-outcome-not-marked-but-counted",
+        "no-jobs-to-finish",
+    ],
+)
+async def test_following_every_repair_leaves_nothing_to_find(
+    db_path: Path, job_count: int, recorded: int, edits: list[str], final: tuple[str, int]
+) -> None:
+    """After the repairs check() describes, check() finds nothing and the run is as it should be."""
+    run = make_run(job_count=job_count)
+    jobs = make_jobs(run)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+        await store.insert_jobs(jobs)
+        await store.claim_next_run()
+        for job in jobs[:recorded]:
+            await store.record_job_outcome(run.id, JobOutcome(job.id, score=1.0))
+    with raw_db(db_path) as conn:
+        for edit in edits:
+            conn.execute(edit)
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    assert problems
+    _follow(db_path, problems)
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        repaired = await store.get_run(run.id)
+    assert repaired is not None
+    assert (repaired.status, repaired.done_count) == final
+
+
+async def test_a_run_with_more_jobs_than_job_count_gets_no_status_advice(db_path: Path) -> None:
+    """While a run has more jobs than job_count, check() asks for that first, then a new check."""
+    run = make_run(job_count=3)
+    jobs = make_jobs(run)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+        await store.insert_jobs(jobs)
+        await store.claim_next_run()
+        await store.record_job_outcome(run.id, JobOutcome(jobs[0].id, score=1.0))
+    with raw_db(db_path) as conn:
+        conn.execute("UPDATE runs SET job_count = 1")  # 1 of 1 done, were job_count right
+    async with Store.connect(db_path) as store:
+        (problem,) = await store.check()
+    assert problem.message == (
+        f"run {run.id} has job_count 1 but 3 jobs; delete the jobs it should not have, or set "
+        "job_count to 3 if it should have them all; then run check() again, which judges its "
+        "done_count and status by the jobs that remain"
+    )
+
+
+_SPELLINGS: Final = {
+    "upper-case": str.upper,
+    "no-hyphens": lambda text: text.replace("-", ""),
+    "braces": lambda text: "{" + text + "}",
+    # Canonical length and case, hyphens elsewhere: uuid.UUID ignores hyphens wherever they are.
+    "moved-hyphens": lambda text: "-".join(_regroup(text.replace("-", ""), (4, 8, 8, 8, 4))),
+}
+
+
+def _regroup(hex_digits: str, sizes: tuple[int, ...]) -> list[str]:
+    """``hex_digits`` cut into consecutive groups of the given sizes."""
+    ends = [sum(sizes[: i + 1]) for i in range(len(sizes))]
+    return [hex_digits[end - size : end] for size, end in zip(sizes, ends, strict=True)]
+
+
+@pytest.mark.parametrize("spell", _SPELLINGS.values(), ids=_SPELLINGS.keys())
+async def test_ids_stored_as_other_uuid_text_are_reported_and_repairable(
+    db_path: Path, spell: Callable[[str], str]
+) -> None:
+    """A run and a job hand-inserted with ids in another UUID spelling, which lookups by id
+    cannot find, are reported; after the repairs the store finds and records them."""
+    run = make_run(job_count=2)
+    jobs = make_jobs(run)
+    respelled = spell(str(run.id))
+    with raw_db(db_path) as conn:  # foreign keys on: the jobs refer to the run as it is stored
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute(
+            "INSERT INTO runs (id, manifest, models, epochs, job_count, status, created_at, "
+            "job_rows) VALUES (?, 'm', '[\"a\"]', 1, 2, 'queued', "
+            "'2026-01-01T00:00:00.000000Z', 2)",
+            (respelled,),
+        )
+        for job_id in (spell(str(jobs[0].id)), str(jobs[1].id)):
+            conn.execute(
+                "INSERT INTO jobs (id, run_id, spec) VALUES (?, ?, ?)",
+                (job_id, respelled, '{"model":"a","sample_id":"s","epoch":0}'),
+            )
+    async with Store.connect(db_path) as store:
+        assert await store.get_run(run.id) is None
+        assert await store.get_job(jobs[0].id) is None
+        problems = await store.check()
+    assert sorted((p.table, p.row_id) for p in problems) == [
+        ("jobs", spell(str(jobs[0].id))),
+        ("runs", respelled),
+    ]
+    _follow(db_path, problems)
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        assert await store.get_run(run.id) is not None
+        assert [job.id for job in await store.list_jobs(run.id)] == [job.id for job in jobs]
+        for job in jobs:
+            assert await store.record_job_outcome(run.id, JobOutcome(job.id, score=1.0))
+        finished = await store.get_run(run.id)
+    assert finished is not None
+    assert (finished.status, finished.done_count) == ("done", 2)
+
+
+@pytest.mark.parametrize("run_stored", ["canonical", "upper-case", "missing"])
+async def test_a_job_whose_run_id_is_spelled_otherwise_gets_the_right_repair(
+    db_path: Path, run_stored: str
+) -> None:
+    """A job whose run_id is another spelling of its run's id is told to rewrite it, whether
+    the run is stored canonically, under another spelling, or not at all."""
+    run = make_run(job_count=1)
+    (job,) = make_jobs(run)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+        await store.insert_jobs([job])
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("UPDATE jobs SET run_id = ?", (str(run.id).replace("-", ""),))
+        if run_stored == "upper-case":
+            conn.execute("UPDATE runs SET id = upper(id)")
+        elif run_stored == "missing":
+            conn.execute("DELETE FROM runs")
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    (job_problem,) = [p for p in problems if p.table == "jobs"]
+    assert job_problem.row_id == str(job.id)
+    assert f"rewrite its run_id as '{run.id}'" in job_problem.message
+    if run_stored == "missing":
+        assert f"restore run {run.id} from a backup" in job_problem.message
+        return
+    _follow(db_path, problems)
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        assert await store.record_job_outcome(run.id, JobOutcome(job.id, score=1.0))

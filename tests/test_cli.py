@@ -292,7 +292,7 @@ def test_check_lists_problems_and_exits_1(
         conn.execute("UPDATE runs SET done_count = 1 WHERE id = ?", (str(older.id),))
     code, out, _ = run_cli(capsys, "check", "--url", str(path))
     assert code == 1
-    assert f"runs {older.id}: run {older.id} has done_count 1, 3 jobs done" in out
+    assert f"runs {older.id}: run {older.id} has done_count 1 but 3 of its jobs are done" in out
     assert "1 problem found" in out
     code, out, _ = run_cli(capsys, "check", "--json", "--url", str(path))
     report = json.loads(out)

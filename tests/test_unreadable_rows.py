@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from control_store import ConstraintError, CorruptRowError, JobOutcome, Store
+from control_store import ConstraintError, CorruptRowError, JobOutcome, MissingRunError, Store
 
 from conftest import make_jobs, make_run, raw_db
 
@@ -85,3 +85,56 @@ async def test_recording_against_a_corrupt_run_changes_nothing(db_path: Path) ->
             await store.record_job_outcome(run.id, JobOutcome(job.id, score=1.0))
     with raw_db(db_path) as conn:
         assert conn.execute("SELECT status, outcome FROM jobs").fetchone() == ("queued", None)
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["one", "batch"])
+async def test_outcome_for_a_job_whose_run_was_deleted_names_the_job(
+    db_path: Path, batch: bool
+) -> None:
+    """Recording for a job whose run row is gone names that jobs row by its own id."""
+    run = make_run(job_count=2)
+    jobs = make_jobs(run)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+        await store.insert_jobs(jobs)
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("DELETE FROM runs")
+    async with Store.connect(db_path) as store:
+        outcomes = [JobOutcome(job.id) for job in jobs]
+        record = (
+            store.record_job_outcomes(run.id, outcomes)
+            if batch
+            else store.record_job_outcome(run.id, outcomes[0])
+        )
+        with pytest.raises(CorruptRowError) as caught:
+            await record
+        error = caught.value
+        assert (error.table, error.column, error.row_id, error.value) == (
+            "jobs",
+            "run_id",
+            str(jobs[0].id),
+            str(run.id),
+        )
+        assert f"of row {jobs[0].id}" in str(error)
+    with raw_db(db_path) as conn:
+        assert conn.execute("SELECT DISTINCT status FROM jobs").fetchall() == [("queued",)]
+
+
+async def test_jobs_for_a_missing_run_with_foreign_keys_off_name_the_job(store: Store) -> None:
+    """insert_jobs on a connection whose foreign keys were turned off still refuses a missing
+    run, naming a job of the call and the run, and inserts nothing."""
+    run = make_run(job_count=2)
+    jobs = make_jobs(run)
+    backend = store._backend
+    assert backend is not None
+    await backend.read(lambda conn: conn.execute("PRAGMA foreign_keys = OFF"))
+    try:
+        with pytest.raises(MissingRunError) as caught:
+            await store.insert_jobs(jobs)
+    finally:
+        await backend.read(lambda conn: conn.execute("PRAGMA foreign_keys = ON"))
+    message = str(caught.value)
+    assert f"run {run.id}, which does not exist" in message
+    assert any(f"job {job.id} " in message for job in jobs)
+    assert await store.list_jobs(run.id) == []
