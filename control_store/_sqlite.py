@@ -35,6 +35,7 @@ import aiosqlite
 import aiosqlite.core
 
 from . import _codec, _migrate
+from ._show import failure, shown, typed
 from .errors import (
     AlreadyExistsError,
     ConfigurationError,
@@ -59,6 +60,7 @@ T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], T]
 
 MEMORY: Final = ":memory:"
+MEMORY_URL: Final = "sqlite::memory:"
 # Error names meaning "another connection holds the lock": wait and retry, or report busy.
 _BUSY: Final = ("SQLITE_BUSY", "SQLITE_LOCKED")
 _SCHEME: Final = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
@@ -233,7 +235,7 @@ def parse_options(options: dict[str, object]) -> Options:
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise ConfigurationError(
-            f"unknown option {unknown[0]}={options[unknown[0]]!r}; "
+            f"unknown option {unknown[0]}={shown(options[unknown[0]])}; "
             f"Store.connect accepts {sorted(allowed)}"
         )
     busy_timeout = options.get("busy_timeout", 5.0)
@@ -243,23 +245,27 @@ def parse_options(options: dict[str, object]) -> Options:
         or not 0 <= busy_timeout <= 86_400
     ):
         raise ConfigurationError(
-            f"busy_timeout={busy_timeout!r} must be a number of seconds from 0 to 86400"
+            f"busy_timeout={shown(busy_timeout)} must be a number of seconds from 0 to 86400 "
+            "(default 5): how long a write waits for another process's write lock"
         )
     synchronous = options.get("synchronous", "FULL")
     if not isinstance(synchronous, str) or synchronous.upper() not in _SYNCHRONOUS:
         raise ConfigurationError(
-            f"synchronous={synchronous!r} must be one of {list(_SYNCHRONOUS)}; "
+            f"synchronous={shown(synchronous)} must be one of {list(_SYNCHRONOUS)}; "
             "FULL (the default) survives power loss, NORMAL survives a process crash"
         )
     read_only = options.get("read_only", False)
     if not isinstance(read_only, bool):
         raise ConfigurationError(
-            f"read_only={read_only!r} must be True or False; True opens an existing database "
+            f"read_only={shown(read_only)} must be True or False; True opens an existing database "
             "for reading only (no writes, no migrations, the file left as it is)"
         )
     migrate = options.get("migrate", not read_only)
     if not isinstance(migrate, bool):
-        raise ConfigurationError(f"migrate={migrate!r} must be True or False")
+        raise ConfigurationError(
+            f"migrate={shown(migrate)} must be True or False; True (the default) applies pending "
+            "migrations at connect, False leaves them for 'await store.migrate()'"
+        )
     if read_only and migrate:
         raise ConfigurationError(
             "migrate=True contradicts read_only=True: a read-only store never migrates; drop "
@@ -319,11 +325,17 @@ def parse_url(url: str | os.PathLike[str]) -> str:
     ``sqlite:path.db``, or a plain path. The directory must exist; the file is created.
     """
     if isinstance(url, os.PathLike):
-        path = os.fspath(url)
+        try:
+            path = os.fspath(url)
+        except Exception as exc:  # the caller's __fspath__ failed
+            raise ConfigurationError(
+                f"path {shown(url)} cannot be read: os.fspath() of it raised {failure(exc)}; "
+                "pass the path as a str or a pathlib.Path"
+            ) from exc
         if not isinstance(path, str):
             raise ConfigurationError(
-                f"path {url!r} gives {type(path).__name__}, not str; pass a str path, e.g. "
-                "os.fsdecode() of it"
+                f"path {shown(url)} gives {type(path).__name__}, not str; pass a str path, "
+                "e.g. os.fsdecode() of it"
             )
     elif isinstance(url, str):
         match = _SCHEME.match(url)
@@ -355,10 +367,8 @@ def parse_url(url: str | os.PathLike[str]) -> str:
                 f"URL {redact(url)!r} has the unknown scheme {scheme!r}; use "
                 "sqlite://relative/path.db, sqlite:///absolute/path.db or sqlite::memory:"
             )
-    else:
-        raise ConfigurationError(
-            f"expected a URL string or a path, got {type(url).__name__}: {url!r}"
-        )
+    else:  # unreachable by the hints, reached by callers all the same (bytes, None)
+        raise _not_a_url(url)
     if path == MEMORY:
         return MEMORY
     if not path:
@@ -377,6 +387,26 @@ def parse_url(url: str | os.PathLike[str]) -> str:
     except OSError as exc:  # the path cannot even be looked at: too long, not searchable
         raise _unreachable(path, exc) from exc
     return path
+
+
+def _not_a_url(url: object) -> ConfigurationError:
+    """The error for a ``url`` that is neither a str nor an os.PathLike."""
+    fix = (
+        "decode it first: os.fsdecode(...) of it"
+        if isinstance(url, bytes | bytearray)
+        else "pass a sqlite:// URL string, or a path as a str or a pathlib.Path"
+    )
+    return ConfigurationError(f"expected a URL string or a path, got {typed(url)}; {fix}")
+
+
+def _memory_as_a_file(given: str) -> ConfigurationError:
+    """The error for ``:memory:`` given where a file is named (see parse_url)."""
+    return ConfigurationError(
+        f"{given!r} names a file, but SQLite would open an in-memory database for it, which "
+        "keeps nothing once the store closes; nothing was opened: for an in-memory store use "
+        f"Store.in_memory() (or the URL {MEMORY_URL}); for a file named ':memory:', pass "
+        "'./:memory:'"
+    )
 
 
 def _unreachable(path: str, exc: OSError) -> ControlError:
@@ -1040,11 +1070,17 @@ def _refuse_job_rows(run_id: str, added: int, conn: sqlite3.Connection) -> NoRet
     for value, column in ((job_count, "job_count"), (job_rows, "job_rows")):
         if not isinstance(value, int):
             raise _codec.corrupt_row("runs", column, run_id, value, "expected an integer")
+    # No call changes a stored run's job_count: the fix is fewer jobs, or another run.
+    room = max(job_count - job_rows, 0)
+    fix = (
+        f"insert at most {room} more jobs for it, and put the rest in a new run"
+        if room
+        else "it has all its jobs; put further jobs in a new run"
+    )
     raise ConstraintError(
         f"run {run_id} has job_count {job_count} and {job_rows} jobs already; this call would "
-        f"add {added} more; no job of this call was inserted: insert at most "
-        f"{max(job_count - job_rows, 0)} more jobs for it, or give the run a larger job_count "
-        "when you insert it"
+        f"add {added} more; no job of this call was inserted: {fix} (a run's job_count is "
+        "fixed when it is inserted)"
     )
 
 
