@@ -18,16 +18,18 @@ from control_store import (
     InvalidInputError,
     Job,
     JobOutcome,
+    MigrationError,
     Run,
     Store,
 )
 from control_store._show import shown
 
-from conftest import make_jobs, make_run
+from conftest import make_jobs, make_run, raw_db
 
 # Past Python's 4300-digit limit on int-to-text conversion: str() or repr() of it raises
 # "ValueError: Exceeds the limit (4300 digits) for integer string conversion".
 HUGE = 10**5000
+TRACKING = "_control_store_migrations"
 
 
 class _BadRepr:
@@ -327,3 +329,23 @@ async def test_migrate_option_says_what_each_value_does() -> None:
     """migrate= that is not a bool says what True and False do."""
     with pytest.raises(ConfigurationError, match=r"migrate='yes' must be True or False; True \("):
         await Store.in_memory(migrate="yes")
+
+
+async def test_a_lost_tracking_row_is_named_not_called_pending(db_path: Path) -> None:
+    """A database whose tracking row for migration 1 is gone, with migration 2's there, is
+    refused naming the lost row, read-only or not, and not changed (not "at migration 2, but
+    needs migration 2", nor migration 1 run again over its own tables); with migrate=False,
+    migrate() says so, as for any other unsound tracking table."""
+    with raw_db(db_path) as conn:
+        conn.execute(f"DELETE FROM {TRACKING} WHERE version = 1")
+    before = db_path.read_bytes()
+    lost = r"records migration 2 \(job rows\) as applied, but not migration 1 \(init\)"
+    for options in ({"read_only": True}, {}):
+        with pytest.raises(MigrationError, match=lost):
+            await Store.connect(db_path, **options)
+    async with Store.connect(db_path, migrate=False) as store:
+        with pytest.raises(MigrationError, match=lost):
+            await store.migrate()
+    assert db_path.read_bytes() == before
+    with raw_db(db_path) as conn:
+        assert conn.execute(f"SELECT version FROM {TRACKING}").fetchall() == [(2,)]
