@@ -59,6 +59,8 @@ from .models import Job, Problem, Run, utc_now
 T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], T]
 
+# SQLite's name for an in-memory database: what parse_url returns for one. As a caller's path
+# it is refused (see parse_url): only MEMORY_URL, and Store.in_memory(), ask for memory.
 MEMORY: Final = ":memory:"
 MEMORY_URL: Final = "sqlite::memory:"
 # Error names meaning "another connection holds the lock": wait and retry, or report busy.
@@ -323,6 +325,11 @@ def parse_url(url: str | os.PathLike[str]) -> str:
 
     ``sqlite::memory:``, ``sqlite://relative/path.db``, ``sqlite:///absolute/path.db``,
     ``sqlite:path.db``, or a plain path. The directory must exist; the file is created.
+
+    Only ``sqlite::memory:`` names an in-memory database. SQLite reads the file name
+    ``:memory:`` that way too, so a plain path ``:memory:`` (or ``sqlite://:memory:``, which
+    names a file everywhere else) would silently give a store that keeps nothing; it is refused,
+    with both fixes.
     """
     if isinstance(url, os.PathLike):
         try:
@@ -349,14 +356,25 @@ def parse_url(url: str | os.PathLike[str]) -> str:
                     f"URL {redact(url)!r} has query parameters, which are not supported; "
                     "pass options as keyword arguments: Store.connect(url, busy_timeout=...)"
                 )
-            path = rest[2:] if rest.startswith("//") else rest
-            if path in (MEMORY, "", "memory"):
-                if path != MEMORY:
-                    raise ConfigurationError(
-                        f"URL {url!r} names no file; use sqlite://path/to/file.db or "
-                        "sqlite::memory:"
-                    )
+            if rest == MEMORY:  # sqlite::memory:
                 return MEMORY
+            if _CREDENTIALS.match(rest):
+                # Other schemes' URLs carry a password there; shown in a message (as part of
+                # a path whose directory is missing, say), it would leak.
+                raise ConfigurationError(
+                    f"URL {redact(url)!r} holds a user name and password, but SQLite has no "
+                    "users: a sqlite URL names a file; nothing was opened: drop the "
+                    "credentials (sqlite://relative/path.db, sqlite:///absolute/path.db), or, "
+                    "for a directory really named so, pass the path itself, starting with ./"
+                )
+            path = rest[2:] if rest.startswith("//") else rest
+            if path == MEMORY:
+                raise _memory_as_a_file(redact(url))
+            if path in ("", "memory"):
+                raise ConfigurationError(
+                    f"URL {redact(url)!r} names no file; use sqlite://path/to/file.db, or "
+                    f"{MEMORY_URL} for an in-memory database"
+                )
         elif scheme in ("postgres", "postgresql"):
             raise ConfigurationError(
                 f"URL {redact(url)!r} asks for PostgreSQL, which this version of control_store "
@@ -370,7 +388,7 @@ def parse_url(url: str | os.PathLike[str]) -> str:
     else:  # unreachable by the hints, reached by callers all the same (bytes, None)
         raise _not_a_url(url)
     if path == MEMORY:
-        return MEMORY
+        raise _memory_as_a_file(path)
     if not path:
         raise ConfigurationError("the database path is empty; name a file, e.g. control.db")
     if "\0" in path:

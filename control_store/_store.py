@@ -192,10 +192,16 @@ class Store:
         """Open the store at ``url``, creating the file and migrating it as needed.
 
         URLs: ``sqlite://relative/path.db``, ``sqlite:///absolute/path.db``, ``sqlite::memory:``,
-        or a plain path. Options: ``busy_timeout`` (seconds to wait for another process's
-        write lock, default 5), ``synchronous`` (``"FULL"``, the default, survives power loss;
-        ``"NORMAL"`` survives a process crash), ``migrate`` (apply pending migrations at
-        connect, default True), ``read_only`` (default False; see below).
+        or a plain path (a str or a ``pathlib.Path``), which names a file. Only
+        ``sqlite::memory:`` (or ``Store.in_memory()``) opens an in-memory database: the path
+        ``:memory:``, which SQLite would silently open as one, is a ``ConfigurationError``
+        (``./:memory:`` names a file of that name).
+
+        Options: ``busy_timeout`` (seconds to wait for another process's write lock, default
+        5), ``synchronous`` (``"FULL"``, the default, survives power loss; ``"NORMAL"``
+        survives a process crash), ``migrate`` (apply pending migrations at connect, default
+        True; False leaves them to ``store.migrate()``, and calls raise
+        ``PendingMigrationError`` until then), ``read_only`` (default False; see below).
 
         ``read_only=True`` opens an existing file for reading only, through SQLite's
         ``mode=ro``: it never creates the file (a missing one is a ``ConfigurationError``),
@@ -211,7 +217,7 @@ class Store:
     @staticmethod
     def in_memory(**options: Any) -> _Connecting:
         """A store on a private in-memory database (``sqlite::memory:``)."""
-        return _Connecting(_sqlite.MEMORY, options)
+        return _Connecting(_sqlite.MEMORY_URL, options)
 
     async def __aenter__(self) -> Self:
         return self
