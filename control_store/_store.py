@@ -448,7 +448,12 @@ class Store:
         return await backend.read(_sqlite.op_check)
 
     async def migrate(self) -> list[int]:
-        """Apply pending migrations (connect does this unless ``migrate=False``)."""
+        """Apply pending migrations, in order; return the versions applied ([]: none pending).
+
+        Connect does this unless ``migrate=False``; on such a store, calls needing the schema
+        raise ``PendingMigrationError`` until this ran. Refused on a read-only store
+        (``ReadOnlyStoreError``).
+        """
         backend = self._connected()
         if backend.read_only:
             self._writable("migrate")  # raises ReadOnlyStoreError, naming the method
