@@ -216,7 +216,7 @@ class _BrokenPath:
 async def test_a_path_whose_fspath_raises_is_refused() -> None:
     """A path object whose __fspath__ raises is a ConfigurationError saying what it raised."""
     with pytest.raises(ConfigurationError, match=r"os.fspath\(\) of it raised RuntimeError"):
-        await Store.connect(_BrokenPath())  # type: ignore[arg-type]
+        await Store.connect(_BrokenPath())
 
 
 @pytest.mark.parametrize("read_only", [False, True])
