@@ -120,7 +120,9 @@ class Databases:
         return str(self.root / f"bench-{self.count}.db")
 
     async def store(self, setting: Setting) -> Store:
-        return await Store.connect(self.path(setting), synchronous=setting.synchronous)
+        path = self.path(setting)
+        url = _sqlite.MEMORY_URL if path == _sqlite.MEMORY else path  # ":memory:" is refused
+        return await Store.connect(url, synchronous=setting.synchronous)
 
     def raw(self, setting: Setting) -> sqlite3.Connection:
         path = self.path(setting)

@@ -14,10 +14,11 @@ import sys
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgspec
 
+from ._show import failure, shown, typed
 from .errors import CorruptRowError, InvalidInputError
 from .models import EvalJob, Job, JobId, JobOutcome, JobStatus, Run, RunId, RunStatus
 
@@ -65,6 +66,10 @@ _QUEUED: Final = JobStatus.QUEUED  # every new job's status: checked by identity
 # The statuses a new run or job may be inserted with: never done (see _checked_run_params).
 _NEW_RUN: Final = {s.value: s for s in RunStatus if s is not RunStatus.DONE}
 _NEW_JOB: Final = {s.value: s for s in JobStatus if s is not JobStatus.DONE}
+# The status types the fast paths look up: their hashing is known not to fail. Any other
+# value (a str subclass, whose __hash__ may raise) goes through _status, which explains.
+_PLAIN_RUN_STATUS: Final = {str, RunStatus}
+_PLAIN_JOB_STATUS: Final = {str, JobStatus}
 
 # Columns, in the order every SELECT and RETURNING lists them (see _sqlite.py).
 RUN_COLUMNS: Final = "id, manifest, models, epochs, job_count, status, created_at, done_count"
@@ -77,7 +82,7 @@ def format_timestamp(value: datetime, *, what: str) -> str:
         return value.isoformat(timespec="microseconds")[:-6] + "Z"
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidInputError(
-            f"{what} {value!r} has no time zone; pass an aware datetime, "
+            f"{what} {shown(value)} has no time zone; pass an aware datetime, "
             "e.g. datetime.now(timezone.utc)"
         )
     if value.tzinfo is not UTC:
@@ -85,7 +90,7 @@ def format_timestamp(value: datetime, *, what: str) -> str:
             value = value.astimezone(UTC)
         except OverflowError:
             raise InvalidInputError(
-                f"{what} {value!r} is outside 0001-01-01..9999-12-31 once in UTC, the range "
+                f"{what} {shown(value)} is outside 0001-01-01..9999-12-31 once in UTC, the range "
                 "a datetime can hold; pass a time within it"
             ) from None
     # isoformat, not strftime: it is ~3x faster on the insert path and always pads the year to
@@ -140,21 +145,71 @@ def _timestamps_in_form(texts: Sequence[str]) -> bool:
 def _check_int(value: object, *, what: str, minimum: int = _INT64_MIN) -> int:
     """``value`` as a plain int (an int subclass's value): msgspec encodes only exact ints."""
     if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidInputError(
-            f"{what} must be an int, got {type(value).__name__}: {value!r}; pass int(...) of it"
-        )
+        raise InvalidInputError(f"{what} must be an int, got {typed(value)}; pass int(...) of it")
     if not minimum <= value <= _INT64_MAX:
         raise InvalidInputError(
-            f"{what} is {value}, outside {minimum}..{_INT64_MAX}; "
+            f"{what} is {shown(value)}, outside {minimum}..{_INT64_MAX}; "
             "SQLite stores 64-bit integers, so pass a value in that range"
         )
     return int.__index__(value)  # for a subclass, a plain int copy; never its own __index__
 
 
+_S = TypeVar("_S", RunStatus, JobStatus)
+
+
+def _status(value: object, kind: type[_S], *, what: str, also: str = "") -> _S:
+    """``value`` as a member of ``kind``: a member, or its value ('queued'...). ``also``: an
+    alternative the fix offers besides a member."""
+    example = f"{kind.__name__}.QUEUED{also}"
+    try:
+        # The enum lookup takes any value (a non-member is a ValueError); the hint says str.
+        return kind(value)  # type: ignore[arg-type]
+    except ValueError:
+        raise InvalidInputError(
+            f"{what} {shown(value)} is not one of {[s.value for s in kind]}; pass a "
+            f"{kind.__name__}, e.g. {example}"
+        ) from None
+    except Exception as exc:  # the value's own __hash__ or __eq__ failed (not a plain str)
+        raise InvalidInputError(
+            f"{what} {shown(value)} cannot be compared with the statuses ({failure(exc)}); "
+            f"pass a {kind.__name__}, e.g. {example}"
+        ) from None
+
+
+def run_status(value: object, *, what: str, also: str = "") -> RunStatus:
+    """``value`` as a RunStatus, or the InvalidInputError that explains why it is none."""
+    return _status(value, RunStatus, what=what, also=also)
+
+
+def _check_models(models: object, *, where: str) -> list[str]:
+    """A run's models as a plain list of plain str."""
+    if not isinstance(models, list):
+        fix = (
+            "wrap a single model name in a list: [name]"
+            if isinstance(models, str)
+            else "pass a list of model names, e.g. ['model-a', 'model-b']"
+        )
+        raise InvalidInputError(
+            f"{where}: models must be a list of str, got {typed(models)}; {fix}"
+        )
+    try:
+        items = list(models)  # a list subclass's own __iter__, once
+    except Exception as exc:
+        raise InvalidInputError(
+            f"{where}: models is a {type(models).__name__} that cannot be iterated "
+            f"({failure(exc)}); nothing was stored: pass a plain list of model names"
+        ) from None
+    return [_check_str(model, what=f"{where}: models[{i}]") for i, model in enumerate(items)]
+
+
 def _check_uuid(value: object, *, what: str) -> str:
     if not isinstance(value, uuid.UUID):
-        fix = f"wrap it as uuid.UUID({value!r})" if isinstance(value, str) else "pass a uuid.UUID"
-        raise InvalidInputError(f"{what} must be a uuid.UUID, got {value!r}; {fix}")
+        fix = (
+            f"wrap it as uuid.UUID({shown(value)})"
+            if isinstance(value, str)
+            else "pass a uuid.UUID"
+        )
+        raise InvalidInputError(f"{what} must be a uuid.UUID, got {shown(value)}; {fix}")
     return uuid_text(value)
 
 
@@ -162,12 +217,14 @@ def _check_str(value: object, *, what: str) -> str:
     """``value`` as a plain str (a str subclass's text, numpy.str_ say): msgspec encodes only
     exact strs, and the round trip gives a str back anyway."""
     if not isinstance(value, str):
-        raise InvalidInputError(
-            f"{what} must be a str, got {type(value).__name__}: {value!r}; pass str(...) of it"
-        )
-    if not value.isascii():  # O(1): CPython knows; only other text needs the full check
-        _check_utf8(value, what=what)
-    return str.__str__(value)  # for a subclass, a plain str copy; never its own __str__
+        raise InvalidInputError(f"{what} must be a str, got {typed(value)}; pass str(...) of it")
+    # For a subclass, a plain str copy, checked as that: never its own __str__, isascii() or
+    # encode(), which could say anything (an isascii() that says True of a lone surrogate
+    # would let the text reach the driver, and its UnicodeEncodeError the caller).
+    text = str.__str__(value)
+    if not text.isascii():  # O(1): CPython knows; only other text needs the full check
+        _check_utf8(text, what=what)
+    return text
 
 
 def _check_utf8(value: str, *, what: str) -> None:
@@ -219,7 +276,7 @@ def run_params(run: Run) -> tuple[str, str, str, int, int, str, str, int]:
             and 1 <= job_count <= _INT64_MAX
             and type(done_count) is int
             and done_count == 0  # a new run: see _checked_run_params
-            and isinstance(run.status, str)  # a RunStatus is a str
+            and type(run.status) in _PLAIN_RUN_STATUS  # hashed next: no subclass's __hash__
             and run.status in _NEW_RUN
             and type(created_at) is datetime
             and created_at.tzinfo is UTC
@@ -243,15 +300,12 @@ def run_params(run: Run) -> tuple[str, str, str, int, int, str, str, int]:
 def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, int]:
     if not isinstance(run, Run):
         raise InvalidInputError(
-            f"expected a Run, got {type(run).__name__}: {run!r}; pass Run(manifest, models, "
-            "epochs, job_count)"
+            f"expected a Run, got {typed(run)}; pass Run(manifest, models, epochs, job_count)"
         )
     run_id = _check_uuid(run.id, what="Run.id")
     where = f"run {run_id}"
     manifest = _check_str(run.manifest, what=f"{where}: manifest")
-    if not isinstance(run.models, list) or not all(isinstance(m, str) for m in run.models):
-        raise InvalidInputError(f"{where}: models must be a list of str, got {run.models!r}")
-    models = [_check_str(model, what=f"{where}: models[{i}]") for i, model in enumerate(run.models)]
+    models = _check_models(run.models, where=where)
     epochs = _check_int(run.epochs, what=f"{where}: epochs", minimum=1)
     job_count = _check_int(run.job_count, what=f"{where}: job_count", minimum=0)
     if job_count == 0:
@@ -266,23 +320,22 @@ def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, in
     # its counters disagreeing with its jobs (what check() reports).
     if run.done_count != 0:
         raise InvalidInputError(
-            f"{where}: done_count is {run.done_count}, but a new run has no jobs yet, so none "
-            "done; nothing was stored: insert it with done_count=0 (record_job_outcome(s) "
+            f"{where}: done_count is {shown(run.done_count)}, but a new run has no jobs yet, so "
+            "none done; nothing was stored: insert it with done_count=0 (record_job_outcome(s) "
             "count its jobs as they are done)"
         )
-    try:
-        status = RunStatus(run.status)
-    except ValueError:
-        raise InvalidInputError(
-            f"{where}: status {run.status!r} is not one of {[s.value for s in RunStatus]}"
-        ) from None
+    status = run_status(run.status, what=f"{where}: status")
     if status is RunStatus.DONE:
         raise InvalidInputError(
             f"{where}: status is 'done', but a new run has no jobs yet; nothing was stored: "
             "insert it queued (or running): it is done when its last job's outcome is recorded"
         )
     if not isinstance(run.created_at, datetime):
-        raise InvalidInputError(f"{where}: created_at must be a datetime, got {run.created_at!r}")
+        raise InvalidInputError(
+            f"{where}: created_at must be a datetime, got {typed(run.created_at)}; pass an aware "
+            "datetime, e.g. datetime.now(timezone.utc), or leave it out (Run sets the time it "
+            "was made)"
+        )
     created_at = format_timestamp(run.created_at, what=f"{where}: created_at")
     return (
         run_id,
@@ -323,8 +376,7 @@ def outcome_params(outcome: JobOutcome) -> tuple[str, str]:
 def _checked_outcome_json(outcome: JobOutcome) -> str:
     if not isinstance(outcome, JobOutcome):
         raise InvalidInputError(
-            f"expected a JobOutcome, got {type(outcome).__name__}: {outcome!r}; "
-            "pass JobOutcome(job_id, score=...)"
+            f"expected a JobOutcome, got {typed(outcome)}; pass JobOutcome(job_id, score=...)"
         )
     where = f"outcome for job {_check_uuid(outcome.job_id, what='JobOutcome.job_id')}"
     score = outcome.score
@@ -343,19 +395,18 @@ def _check_score(score: object, *, where: str) -> float | int:
     it compares equal): anything else would not survive the round trip."""
     if not isinstance(score, int | float) or isinstance(score, bool):
         raise InvalidInputError(
-            f"{where}: score must be a float or None, got {type(score).__name__}: {score!r}; "
-            "pass float(...) of it"
+            f"{where}: score must be a float or None, got {typed(score)}; pass float(...) of it"
         )
     if isinstance(score, int):
         if not -_FLOAT_MAX <= score <= _FLOAT_MAX or float(score) != score:
             raise InvalidInputError(
-                f"{where}: score is an int of {len(str(abs(score)))} digits that a float, which "
-                "a score is kept as, cannot hold exactly; pass float(...) of it"
+                f"{where}: score is {shown(score)}, an int that a float (what a score is kept "
+                "as) cannot hold exactly; pass float(...) of it"
             )
         return int.__index__(score)
     if not math.isfinite(score):
         raise InvalidInputError(
-            f"{where}: score {score!r} is not finite and JSON cannot hold it; "
+            f"{where}: score {shown(score)} is not finite and JSON cannot hold it; "
             "report a failed evaluation with error=... and score=None"
         )
     return float.__float__(score)  # for a subclass, a plain float
@@ -410,7 +461,9 @@ def job_encoder() -> tuple[
                 and type(spec.sample_id) is str
                 and type(spec.epoch) is int
                 and _INT64_MIN <= spec.epoch <= _INT64_MAX
-                and (status is _QUEUED or (isinstance(status, str) and status in _NEW_JOB))
+                and (
+                    status is _QUEUED or (type(status) in _PLAIN_JOB_STATUS and status in _NEW_JOB)
+                )
                 and type(attempt) is int
                 and 0 <= attempt <= _INT64_MAX
             ):
@@ -447,27 +500,23 @@ def job_encoder() -> tuple[
 
 def _checked_job_params(job: Job) -> JobRow:
     if not isinstance(job, Job):
-        raise InvalidInputError(
-            f"expected a Job, got {type(job).__name__}: {job!r}; pass Job(run_id, EvalJob(...))"
-        )
+        raise InvalidInputError(f"expected a Job, got {typed(job)}; pass Job(run_id, EvalJob(...))")
     job_id = _check_uuid(job.id, what="Job.id")
     where = f"job {job_id}"
     run_id = _check_uuid(job.run_id, what=f"{where}: run_id")
     spec = job.spec
     if not isinstance(spec, EvalJob):
-        raise InvalidInputError(f"{where}: spec must be an EvalJob, got {spec!r}")
+        raise InvalidInputError(
+            f"{where}: spec must be an EvalJob, got {typed(spec)}; pass "
+            "EvalJob(model, sample_id, epoch)"
+        )
     # Encoded from plain values: msgspec refuses subclasses (numpy.str_, an IntEnum).
     spec = EvalJob(
         _check_str(spec.model, what=f"{where}: spec.model"),
         _check_str(spec.sample_id, what=f"{where}: spec.sample_id"),
         _check_int(spec.epoch, what=f"{where}: spec.epoch"),
     )
-    try:
-        status = JobStatus(job.status)
-    except ValueError:
-        raise InvalidInputError(
-            f"{where}: status {job.status!r} is not one of {[s.value for s in JobStatus]}"
-        ) from None
+    status = _status(job.status, JobStatus, what=f"{where}: status")
     attempt = _check_int(job.attempt, what=f"{where}: attempt", minimum=0)
     # Only a recorded outcome marks a job done, and counts it in its run's done_count: a job
     # inserted done, or with an outcome, would leave the two disagreeing (see check()).

@@ -132,4 +132,19 @@ def pending(
                 "never be edited: restore the file and put the change in a new migration"
             )
         done.add(row.version)
+    # Migrations are applied in order, each with its row: a known one without a row below one
+    # with a row is not pending, its row was lost (deleted by hand, or the file pieced
+    # together). Treated as pending, connecting would run it again over the tables it made
+    # ("table runs already exists"), and a read-only store would call the schema "at migration
+    # 2, but needs migration 2".
+    newest = max(done, default=0)
+    lost = [m for m in known if m.version < newest and m.version not in done]
+    if lost:
+        raise MigrationError(
+            f"{database} records migration {newest} ({by_version[newest].description}) as "
+            f"applied, but not migration {lost[0].version} ({lost[0].description}), which "
+            f"comes before it: its row in {TRACKING_TABLE} is missing (deleted by hand, or the "
+            "file pieced together from two databases); nothing was done: restore the database "
+            "from a backup taken before the row was lost"
+        )
     return [m for m in known if m.version not in done]

@@ -36,6 +36,7 @@ import aiosqlite
 import aiosqlite.core
 
 from . import _codec, _migrate
+from ._show import failure, shown, typed
 from .errors import (
     AlreadyExistsError,
     ConfigurationError,
@@ -59,7 +60,10 @@ from .models import Job, Problem, Run, utc_now
 T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], T]
 
+# SQLite's name for an in-memory database: what parse_url returns for one. As a caller's path
+# it is refused (see parse_url): only MEMORY_URL, and Store.in_memory(), ask for memory.
 MEMORY: Final = ":memory:"
+MEMORY_URL: Final = "sqlite::memory:"
 # Error names meaning "another connection holds the lock": wait and retry, or report busy.
 _BUSY: Final = ("SQLITE_BUSY", "SQLITE_LOCKED")
 _SCHEME: Final = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
@@ -266,7 +270,7 @@ def parse_options(options: dict[str, object]) -> Options:
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise ConfigurationError(
-            f"unknown option {unknown[0]}={options[unknown[0]]!r}; "
+            f"unknown option {unknown[0]}={shown(options[unknown[0]])}; "
             f"Store.connect accepts {sorted(allowed)}"
         )
     busy_timeout = options.get("busy_timeout", 5.0)
@@ -276,23 +280,27 @@ def parse_options(options: dict[str, object]) -> Options:
         or not 0 <= busy_timeout <= 86_400
     ):
         raise ConfigurationError(
-            f"busy_timeout={busy_timeout!r} must be a number of seconds from 0 to 86400"
+            f"busy_timeout={shown(busy_timeout)} must be a number of seconds from 0 to 86400 "
+            "(default 5): how long a write waits for another process's write lock"
         )
     synchronous = options.get("synchronous", "FULL")
     if not isinstance(synchronous, str) or synchronous.upper() not in _SYNCHRONOUS:
         raise ConfigurationError(
-            f"synchronous={synchronous!r} must be one of {list(_SYNCHRONOUS)}; "
+            f"synchronous={shown(synchronous)} must be one of {list(_SYNCHRONOUS)}; "
             "FULL (the default) survives power loss, NORMAL survives a process crash"
         )
     read_only = options.get("read_only", False)
     if not isinstance(read_only, bool):
         raise ConfigurationError(
-            f"read_only={read_only!r} must be True or False; True opens an existing database "
+            f"read_only={shown(read_only)} must be True or False; True opens an existing database "
             "for reading only (no writes, no migrations, the file left as it is)"
         )
     migrate = options.get("migrate", not read_only)
     if not isinstance(migrate, bool):
-        raise ConfigurationError(f"migrate={migrate!r} must be True or False")
+        raise ConfigurationError(
+            f"migrate={shown(migrate)} must be True or False; True (the default) applies pending "
+            "migrations at connect, False leaves them for 'await store.migrate()'"
+        )
     if read_only and migrate:
         raise ConfigurationError(
             "migrate=True contradicts read_only=True: a read-only store never migrates; drop "
@@ -350,13 +358,24 @@ def parse_url(url: str | os.PathLike[str]) -> str:
 
     ``sqlite::memory:``, ``sqlite://relative/path.db``, ``sqlite:///absolute/path.db``,
     ``sqlite:path.db``, or a plain path. The directory must exist; the file is created.
+
+    Only ``sqlite::memory:`` names an in-memory database. SQLite reads the file name
+    ``:memory:`` that way too, so a plain path ``:memory:`` (or ``sqlite://:memory:``, which
+    names a file everywhere else) would silently give a store that keeps nothing; it is refused,
+    with both fixes.
     """
     if isinstance(url, os.PathLike):
-        path = os.fspath(url)
+        try:
+            path = os.fspath(url)
+        except Exception as exc:  # the caller's __fspath__ failed
+            raise ConfigurationError(
+                f"path {shown(url)} cannot be read: os.fspath() of it raised {failure(exc)}; "
+                "pass the path as a str or a pathlib.Path"
+            ) from exc
         if not isinstance(path, str):
             raise ConfigurationError(
-                f"path {url!r} gives {type(path).__name__}, not str; pass a str path, e.g. "
-                "os.fsdecode() of it"
+                f"path {shown(url)} gives {type(path).__name__}, not str; pass a str path, "
+                "e.g. os.fsdecode() of it"
             )
     elif isinstance(url, str):
         match = _SCHEME.match(url)
@@ -370,14 +389,25 @@ def parse_url(url: str | os.PathLike[str]) -> str:
                     f"URL {redact(url)!r} has query parameters, which are not supported; "
                     "pass options as keyword arguments: Store.connect(url, busy_timeout=...)"
                 )
-            path = rest[2:] if rest.startswith("//") else rest
-            if path in (MEMORY, "", "memory"):
-                if path != MEMORY:
-                    raise ConfigurationError(
-                        f"URL {url!r} names no file; use sqlite://path/to/file.db or "
-                        "sqlite::memory:"
-                    )
+            if rest == MEMORY:  # sqlite::memory:
                 return MEMORY
+            if _CREDENTIALS.match(rest):
+                # Other schemes' URLs carry a password there; shown in a message (as part of
+                # a path whose directory is missing, say), it would leak.
+                raise ConfigurationError(
+                    f"URL {redact(url)!r} holds a user name and password, but SQLite has no "
+                    "users: a sqlite URL names a file; nothing was opened: drop the "
+                    "credentials (sqlite://relative/path.db, sqlite:///absolute/path.db), or, "
+                    "for a directory really named so, pass the path itself, starting with ./"
+                )
+            path = rest[2:] if rest.startswith("//") else rest
+            if path == MEMORY:
+                raise _memory_as_a_file(redact(url))
+            if path in ("", "memory"):
+                raise ConfigurationError(
+                    f"URL {redact(url)!r} names no file; use sqlite://path/to/file.db, or "
+                    f"{MEMORY_URL} for an in-memory database"
+                )
         elif scheme in ("postgres", "postgresql"):
             raise ConfigurationError(
                 f"URL {redact(url)!r} asks for PostgreSQL, which this version of control_store "
@@ -388,12 +418,10 @@ def parse_url(url: str | os.PathLike[str]) -> str:
                 f"URL {redact(url)!r} has the unknown scheme {scheme!r}; use "
                 "sqlite://relative/path.db, sqlite:///absolute/path.db or sqlite::memory:"
             )
-    else:
-        raise ConfigurationError(
-            f"expected a URL string or a path, got {type(url).__name__}: {url!r}"
-        )
+    else:  # unreachable by the hints, reached by callers all the same (bytes, None)
+        raise _not_a_url(url)
     if path == MEMORY:
-        return MEMORY
+        raise _memory_as_a_file(path)
     if not path:
         raise ConfigurationError("the database path is empty; name a file, e.g. control.db")
     if "\0" in path:
@@ -410,6 +438,26 @@ def parse_url(url: str | os.PathLike[str]) -> str:
     except OSError as exc:  # the path cannot even be looked at: too long, not searchable
         raise _unreachable(path, exc) from exc
     return path
+
+
+def _not_a_url(url: object) -> ConfigurationError:
+    """The error for a ``url`` that is neither a str nor an os.PathLike."""
+    fix = (
+        "decode it first: os.fsdecode(...) of it"
+        if isinstance(url, bytes | bytearray)
+        else "pass a sqlite:// URL string, or a path as a str or a pathlib.Path"
+    )
+    return ConfigurationError(f"expected a URL string or a path, got {typed(url)}; {fix}")
+
+
+def _memory_as_a_file(given: str) -> ConfigurationError:
+    """The error for ``:memory:`` given where a file is named (see parse_url)."""
+    return ConfigurationError(
+        f"{given!r} names a file, but SQLite would open an in-memory database for it, which "
+        "keeps nothing once the store closes; nothing was opened: for an in-memory store use "
+        f"Store.in_memory() (or the URL {MEMORY_URL}); for a file named ':memory:', pass "
+        "'./:memory:'"
+    )
 
 
 def _unreachable(path: str, exc: OSError) -> ControlError:
@@ -1086,11 +1134,17 @@ def _refuse_job_rows(run_id: str, added: int, conn: sqlite3.Connection) -> NoRet
     for value, column in ((job_count, "job_count"), (job_rows, "job_rows")):
         if not isinstance(value, int):
             raise _codec.corrupt_row("runs", column, run_id, value, "expected an integer")
+    # No call changes a stored run's job_count: the fix is fewer jobs, or another run.
+    room = max(job_count - job_rows, 0)
+    fix = (
+        f"insert at most {room} more jobs for it, and put the rest in a new run"
+        if room
+        else "it has all its jobs; put further jobs in a new run"
+    )
     raise ConstraintError(
         f"run {run_id} has job_count {job_count} and {job_rows} jobs already; this call would "
-        f"add {added} more; no job of this call was inserted: insert at most "
-        f"{max(job_count - job_rows, 0)} more jobs for it, or give the run a larger job_count "
-        "when you insert it"
+        f"add {added} more; no job of this call was inserted: {fix} (a run's job_count is "
+        "fixed when it is inserted)"
     )
 
 

@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from . import _codec, _sqlite
+from ._show import shown, typed
 from .errors import InvalidInputError, ReadOnlyStoreError, StoreClosedError, WrongEventLoopError
 from .models import Job, JobOutcome, Problem, Run, RunStatus
 
@@ -23,17 +24,35 @@ MigrationState = _sqlite.MigrationState
 def _id(value: object, *, what: str) -> str:
     if not isinstance(value, uuid.UUID):
         fix = (
-            f"wrap the string as uuid.UUID({value!r})"
+            f"wrap the string as uuid.UUID({shown(value)})"
             if isinstance(value, str)
             else "pass the id of a Run or Job (a uuid.UUID), e.g. run.id"
         )
-        raise InvalidInputError(
-            f"{what} must be a uuid.UUID, got {type(value).__name__}: {value!r}; {fix}"
-        )
+        raise InvalidInputError(f"{what} must be a uuid.UUID, got {typed(value)}; {fix}")
     return _codec.uuid_text(value)  # canonical, even for a subclass with its own __str__
 
 
 _INT64_MAX = 2**63 - 1
+
+
+def _check_batch(value: object, *, what: str, item: type, single: str) -> None:
+    """Refuse a batch argument ``what`` that is not an iterable of ``item``s.
+
+    One ``item`` is not a batch of them, nor is a str or bytes: an iterable, but of characters
+    or ints, each of which would be refused as "expected a Job, got str: 'a'", blaming an item
+    the caller never made. ``single``: the fix for one item.
+    """
+    name = item.__name__
+    if isinstance(value, str | bytes | bytearray | memoryview):
+        raise InvalidInputError(
+            f"{what} must be an iterable of {name}, got a {typed(value)}, which iterates over "
+            f"its characters (or bytes); nothing was stored: pass a list of {name}"
+        )
+    if isinstance(value, item) or not isinstance(value, Iterable):
+        raise InvalidInputError(
+            f"{what} must be an iterable of {name}, got {type(value).__name__}; "
+            + _not_iterable_fix(value, single)
+        )
 
 
 def _not_iterable_fix(value: object, single: str) -> str:
@@ -173,10 +192,16 @@ class Store:
         """Open the store at ``url``, creating the file and migrating it as needed.
 
         URLs: ``sqlite://relative/path.db``, ``sqlite:///absolute/path.db``, ``sqlite::memory:``,
-        or a plain path. Options: ``busy_timeout`` (seconds to wait for another process's
-        write lock, default 5), ``synchronous`` (``"FULL"``, the default, survives power loss;
-        ``"NORMAL"`` survives a process crash), ``migrate`` (apply pending migrations at
-        connect, default True), ``read_only`` (default False; see below).
+        or a plain path (a str or a ``pathlib.Path``), which names a file. Only
+        ``sqlite::memory:`` (or ``Store.in_memory()``) opens an in-memory database: the path
+        ``:memory:``, which SQLite would silently open as one, is a ``ConfigurationError``
+        (``./:memory:`` names a file of that name).
+
+        Options: ``busy_timeout`` (seconds to wait for another process's write lock, default
+        5), ``synchronous`` (``"FULL"``, the default, survives power loss; ``"NORMAL"``
+        survives a process crash), ``migrate`` (apply pending migrations at connect, default
+        True; False leaves them to ``store.migrate()``, and calls raise
+        ``PendingMigrationError`` until then), ``read_only`` (default False; see below).
 
         ``read_only=True`` opens an existing file for reading only, through SQLite's
         ``mode=ro``: it never creates the file (a missing one is a ``ConfigurationError``),
@@ -192,7 +217,7 @@ class Store:
     @staticmethod
     def in_memory(**options: Any) -> _Connecting:
         """A store on a private in-memory database (``sqlite::memory:``)."""
-        return _Connecting(_sqlite.MEMORY, options)
+        return _Connecting(_sqlite.MEMORY_URL, options)
 
     async def __aenter__(self) -> Self:
         return self
@@ -284,11 +309,7 @@ class Store:
         in bounded memory, so it must not touch the event loop.
         """
         backend = self._writable("insert_jobs")
-        if isinstance(jobs, Job) or not isinstance(jobs, Iterable):
-            raise InvalidInputError(
-                f"insert_jobs takes an iterable of Job, got {type(jobs).__name__}; "
-                + _not_iterable_fix(jobs, "wrap a single job in a list")
-            )
+        _check_batch(jobs, what="jobs", item=Job, single="wrap a single job in a list")
         await backend.write(lambda conn: _sqlite.op_insert_jobs(jobs, conn))
 
     async def get_job(self, job_id: uuid.UUID) -> Job | None:
@@ -328,7 +349,7 @@ class Store:
         key = _id(run_id, what="run_id")
         if not _int_from(page_size, 1, _MAX_PAGE_SIZE):
             raise InvalidInputError(
-                f"page_size must be an int from 1 to {_MAX_PAGE_SIZE}, got {page_size!r}; "
+                f"page_size must be an int from 1 to {_MAX_PAGE_SIZE}, got {shown(page_size)}; "
                 "pages of a few hundred to a few thousand jobs amortise each read's thread hop"
             )
         return _JobWalk(self, key, page_size)
@@ -366,7 +387,7 @@ class Store:
         backend = self._writable("claim_runs")
         if not _int_from(limit, 1, _INT64_MAX):
             raise InvalidInputError(
-                f"limit must be an int from 1 to {_INT64_MAX}, got {limit!r}; "
+                f"limit must be an int from 1 to {_INT64_MAX}, got {shown(limit)}; "
                 "use claim_next_run() for a single run"
             )
         op = partial(_sqlite.op_claim_runs, limit)
@@ -385,14 +406,12 @@ class Store:
         """
         backend = self._writable("record_job_outcomes")
         run_key = _id(run_id, what="run_id")
-        if isinstance(outcomes, JobOutcome) or not isinstance(outcomes, Iterable):
-            raise InvalidInputError(
-                f"record_job_outcomes takes an iterable of JobOutcome, got "
-                f"{type(outcomes).__name__}; "
-                + _not_iterable_fix(
-                    outcomes, "wrap a single outcome in a list, or call record_job_outcome"
-                )
-            )
+        _check_batch(
+            outcomes,
+            what="outcomes",
+            item=JobOutcome,
+            single="wrap a single outcome in a list, or call record_job_outcome",
+        )
         # Encoded here, before the hop: a bad outcome anywhere fails the call with nothing sent.
         rows = list(map(_codec.outcome_params, outcomes))
         if not rows:
@@ -406,17 +425,13 @@ class Store:
         """Runs, newest first; only those with ``status`` if given, at most ``limit``."""
         backend = self._open()
         if status is not None:
-            try:
-                status = RunStatus(status)
-            except ValueError:
-                raise InvalidInputError(
-                    f"status {status!r} is not one of {[s.value for s in RunStatus]}"
-                ) from None
+            status = _codec.run_status(status, what="status", also=", or None for every run")
         if limit is None:
             limit = -1  # SQLite: no limit
         elif not _int_from(limit, 0, _INT64_MAX):
             raise InvalidInputError(
-                f"limit must be an int from 0 to {_INT64_MAX} or None, got {limit!r}"
+                f"limit must be an int from 0 to {_INT64_MAX} or None, got {shown(limit)}; "
+                "pass the most runs you want, or None (the default) for all of them"
             )
         key = None if status is None else status.value
         op = partial(_sqlite.op_list_runs, key, limit)
@@ -451,7 +466,12 @@ class Store:
         return await backend.read(_sqlite.op_check)
 
     async def migrate(self) -> list[int]:
-        """Apply pending migrations (connect does this unless ``migrate=False``)."""
+        """Apply pending migrations, in order; return the versions applied ([]: none pending).
+
+        Connect does this unless ``migrate=False``; on such a store, calls needing the schema
+        raise ``PendingMigrationError`` until this ran. Refused on a read-only store
+        (``ReadOnlyStoreError``).
+        """
         backend = self._connected()
         if backend.read_only:
             self._writable("migrate")  # raises ReadOnlyStoreError, naming the method

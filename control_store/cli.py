@@ -245,8 +245,12 @@ def _shown(args: argparse.Namespace) -> str:
 DEMO_BUSY_TIMEOUT: Final = 30.0
 
 
+# Every command's but the demo's; the same as Store.connect's own default.
+_DEFAULT_BUSY_TIMEOUT: Final = 5.0
+
+
 def _busy_timeout(args: argparse.Namespace) -> float:
-    return float(getattr(args, "busy_timeout", 5.0))
+    return float(getattr(args, "busy_timeout", _DEFAULT_BUSY_TIMEOUT))
 
 
 def _database_path(url: str, *, create_hint: str) -> str:
@@ -797,7 +801,9 @@ def _run_id(text: str) -> uuid.UUID:
         ) from None
 
 
-def _parser() -> argparse.ArgumentParser:
+def _common(busy_timeout_default: str) -> argparse.ArgumentParser:
+    """The options every command takes; ``busy_timeout_default``: the default its help states
+    (the demo's is longer: see DEMO_BUSY_TIMEOUT)."""
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: an option given before the command is not overwritten by the command's default.
     common.add_argument(
@@ -813,11 +819,16 @@ def _parser() -> argparse.ArgumentParser:
         type=_seconds,
         default=argparse.SUPPRESS,
         metavar="SECONDS",
-        help="how long to wait for another process's write lock (default: 5)",
+        help=f"how long to wait for another process's write lock (default: {busy_timeout_default})",
     )
+    return common
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = _common(f"{_DEFAULT_BUSY_TIMEOUT:g}")
     parser = argparse.ArgumentParser(
         prog=PROG,
-        parents=[common],
+        parents=[_common(f"{_DEFAULT_BUSY_TIMEOUT:g}; demo: {DEMO_BUSY_TIMEOUT:g}")],
         description="Look into a control_store database, migrate it, or run the demo fleet.",
         epilog=f"exit codes: 0 ok, 1 failure (one line on stderr), 2 usage error, 3 failure a "
         "retry may cure (a lock held past --busy-timeout, a full disk), 130/143/129 stopped by "
@@ -858,7 +869,7 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo",
-        parents=[common],
+        parents=[_common(f"{DEMO_BUSY_TIMEOUT:g}")],
         help="run a small evaluation fleet and verify its invariants",
         description="Submit runs, start schedulers in OS processes that claim them and "
         "dispatch their jobs to simulated workers delivering at-least-once, then verify "

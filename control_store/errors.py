@@ -20,7 +20,9 @@ to what (the id, the column, the value), and what to do::
     ├── MigrationError            the schema cannot be brought up to date
     │   ├── MigrationChangedError an applied migration's file was edited afterwards
     │   ├── UnknownMigrationError the database holds a migration this library does not have
-    │   ├── PendingMigrationError a read-only store met a schema older than this library's
+    │   ├── PendingMigrationError a schema older than this library's, on a store that does not
+    │   │                         migrate: read_only=True (at connect), or migrate=False (at
+    │   │                         each call until store.migrate())
     │   └── DirtyMigrationError   a migration was recorded as failed
     ├── DatabaseBusyError         another connection held the write lock past busy_timeout;
     │                             retryable (``retryable`` is True)
@@ -150,12 +152,15 @@ class UnknownMigrationError(MigrationError):
 
 
 class PendingMigrationError(MigrationError):
-    """A read-only store found the schema older than this library's latest migration.
+    """The schema is older than this library's latest migration, on a store that will not
+    apply the pending ones itself.
 
-    A read-only store never migrates, and reading an older schema with newer code could
-    misread it, so connect refuses. ``found`` is the newest migration applied (0: none),
-    ``needed`` the newest one this library has, ``pending`` the (version, description) of
-    each one not applied.
+    Reading or writing an older schema with newer code could misread it, so: a store opened
+    with ``read_only=True``, which never migrates, refuses at connect; a store opened with
+    ``migrate=False`` connects, but refuses every call that needs the schema until
+    ``await store.migrate()`` applied them. ``found`` is the newest migration applied (0:
+    none), ``needed`` the newest one this library has, ``pending`` the (version, description)
+    of each one not applied.
     """
 
     def __init__(

@@ -496,6 +496,20 @@ def test_help_exits_0_and_names_every_command(capsys: pytest.CaptureFixture[str]
         assert command in out
 
 
+def test_each_commands_help_states_its_own_busy_timeout_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--busy-timeout's help gives the default the command uses: the demo's 30 s, not 5."""
+    defaults = {"demo": cli.DEMO_BUSY_TIMEOUT, "runs": 5.0, "check": 5.0, "migrate": 5.0}
+    for command, default in defaults.items():
+        code, out, _ = run_cli(capsys, command, "--help")
+        assert code == 0
+        help_text = " ".join(out.split())
+        assert f"write lock (default: {default:g})" in help_text, command
+    code, out, _ = run_cli(capsys, "--help")
+    assert f"(default: 5; demo: {cli.DEMO_BUSY_TIMEOUT:g})" in " ".join(out.split())
+
+
 # ---------------------------------------------------------------------------------------------
 # Read commands on a database this user may not write
 

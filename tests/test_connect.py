@@ -165,6 +165,68 @@ async def test_a_path_starting_with_file_colon_is_a_plain_name(
     assert (tmp_path / "file:x.db").is_file()
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["sqlite://admin:s3cret@db.example/x.db", "sqlite://admin:s3cret@db.example/"],
+)
+async def test_a_sqlite_url_with_a_password_is_refused_without_showing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    """A sqlite URL holding user:password@ (as other schemes' URLs do) is refused with the
+    password redacted, and nothing is created."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError, match=r"sqlite://admin:\*\*\*@db.example.*no users"):
+        await Store.connect(url)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "url", [":memory:", Path(":memory:"), "sqlite://:memory:"], ids=["str", "path", "url"]
+)
+async def test_memory_as_a_file_name_is_refused_with_both_fixes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str | Path
+) -> None:
+    """A plain path ":memory:" (or sqlite://:memory:), which SQLite would silently open as an
+    in-memory database, is a ConfigurationError naming Store.in_memory() and './:memory:'."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        ConfigurationError, match=r"use Store.in_memory\(\).* for a file named ':memory:', pass"
+    ):
+        await Store.connect(url)
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_file_named_memory_is_opened_as_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """'./:memory:' names a file, which keeps what was stored; sqlite::memory: and
+    Store.in_memory() still open in-memory stores."""
+    monkeypatch.chdir(tmp_path)
+    run = make_run()
+    async with Store.connect("./:memory:") as store:
+        await store.insert_run(run)
+    async with Store.connect(tmp_path / ":memory:") as store:
+        assert await store.get_run(run.id) == run
+    async with Store.connect("sqlite::memory:") as memory, Store.in_memory() as other:
+        assert memory._backend is not None
+        assert memory._backend.database == "the in-memory database"
+        assert await other.get_run(run.id) is None
+    assert {p.name for p in tmp_path.iterdir()} >= {":memory:"}
+
+
+class _BrokenPath:
+    """An os.PathLike whose __fspath__ raises."""
+
+    def __fspath__(self) -> str:
+        raise RuntimeError("fspath broke")
+
+
+async def test_a_path_whose_fspath_raises_is_refused() -> None:
+    """A path object whose __fspath__ raises is a ConfigurationError saying what it raised."""
+    with pytest.raises(ConfigurationError, match=r"os.fspath\(\) of it raised RuntimeError"):
+        await Store.connect(_BrokenPath())
+
+
 @pytest.mark.parametrize("read_only", [False, True])
 async def test_an_sqlite_too_old_for_returning_is_refused_before_opening(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_only: bool

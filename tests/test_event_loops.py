@@ -40,7 +40,7 @@ async def _refused(calls: dict[str, Callable[[], Awaitable[object]]]) -> dict[st
 
 @pytest.fixture(params=["memory", "file"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return ":memory:" if request.param == "memory" else str(tmp_path / "control.db")
+    return "sqlite::memory:" if request.param == "memory" else str(tmp_path / "control.db")
 
 
 async def test_calls_from_another_threads_loop_are_refused_and_change_nothing(url: str) -> None:

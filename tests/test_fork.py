@@ -70,7 +70,7 @@ async def test_a_forked_child_is_refused_and_connects_its_own(tmp_path: Path, wh
     """Every call on the inherited store is a StoreClosedError naming both processes and the
     fix; close() returns; a Store the child connects itself works; the parent carries on."""
     path = tmp_path / "control.db" if where == "file" else None
-    async with Store.connect(path or ":memory:") as store:
+    async with Store.connect(path or "sqlite::memory:") as store:
         run = make_run()
         await store.insert_run(run)
 

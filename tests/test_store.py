@@ -443,21 +443,27 @@ async def test_a_job_inserted_done_or_with_an_outcome_is_refused(store: Store, s
 
 async def test_a_run_never_gets_more_jobs_than_its_job_count(store: Store) -> None:
     """Within one call or across calls, jobs beyond job_count are a ConstraintError naming the
-    run and the numbers, and nothing of the call is stored; up to job_count all goes in."""
+    run and the numbers, and nothing of the call is stored; up to job_count all goes in. The
+    fix is one the caller can make: the run exists, so its job_count can no longer grow."""
     run = make_run(job_count=4)
     await store.insert_run(run)
     jobs = make_jobs(run, 6)
     with pytest.raises(
         ConstraintError,
         match=rf"run {run.id} has job_count 4 and 0 jobs already; this call would add 5 more; no "
-        "job of this call was inserted: insert at most 4 more jobs",
-    ):
+        "job of this call was inserted: insert at most 4 more jobs for it, and put the rest in a "
+        "new run",
+    ) as caught:
         await store.insert_jobs(jobs[:5])
+    assert "larger job_count when you insert it" not in str(caught.value)
     await store.insert_jobs(jobs[:3])
     with pytest.raises(ConstraintError, match=r"has job_count 4 and 3 jobs already.* add 2 more"):
         await store.insert_jobs(jobs[3:5])
     await store.insert_jobs(jobs[3:4])
-    with pytest.raises(ConstraintError, match="insert at most 0 more jobs"):
+    with pytest.raises(
+        ConstraintError,
+        match=r"it has all its jobs; put further jobs in a new run \(a run's job_count is fixed",
+    ):
         await store.insert_jobs(jobs[5:6])
     assert await store.list_jobs(run.id) == jobs[:4]
     assert await store.check() == []

@@ -43,7 +43,7 @@ _FORGETFUL = textwrap.dedent(
 @pytest.mark.parametrize("where", ["file", "memory"])
 def test_a_process_that_never_closes_its_store_exits(tmp_path: Path, where: str) -> None:
     """A script that forgets close() ends normally, and what it wrote to a file is kept."""
-    db = tmp_path / "forgetful.db" if where == "file" else ":memory:"
+    db = tmp_path / "forgetful.db" if where == "file" else "sqlite::memory:"
     done = subprocess.run(
         [sys.executable, "-c", _FORGETFUL, str(db)],
         capture_output=True,
@@ -63,7 +63,7 @@ async def test_a_store_dropped_unclosed_warns_and_stops_its_thread(
     tmp_path: Path, where: str
 ) -> None:
     """Collecting an unclosed store warns, naming the database, and ends its worker thread."""
-    db = str(tmp_path / "dropped.db") if where == "file" else ":memory:"
+    db = str(tmp_path / "dropped.db") if where == "file" else "sqlite::memory:"
     store = await Store.connect(db)
     await store.insert_run(make_run())
     assert await store.claim_next_run() is not None  # a write, last thing before the drop

@@ -1,0 +1,359 @@
+"""Messages about a caller's values: any value refused is a ControlError that shows it safely,
+names the field and says what to pass instead, and nothing changes."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from control_store import (
+    ConfigurationError,
+    ControlError,
+    EvalJob,
+    InvalidInputError,
+    Job,
+    JobOutcome,
+    MigrationError,
+    Run,
+    Store,
+)
+from control_store._show import shown
+
+from conftest import make_jobs, make_run, raw_db
+
+# Past Python's 4300-digit limit on int-to-text conversion: str() or repr() of it raises
+# "ValueError: Exceeds the limit (4300 digits) for integer string conversion".
+HUGE = 10**5000
+TRACKING = "_control_store_migrations"
+
+
+class _BadRepr:
+    """A value whose __repr__ raises."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr broke")
+
+
+class _LyingStr(str):
+    """A str subclass whose isascii() says True of any text."""
+
+    def isascii(self) -> bool:
+        return True
+
+
+class _UnhashableStatus(str):
+    """A str subclass whose __hash__ raises (so does any dict or enum lookup of it)."""
+
+    def __hash__(self) -> int:
+        raise RuntimeError("hash broke")
+
+
+class _UniterableList(list[str]):
+    """A list subclass whose __iter__ raises."""
+
+    def __iter__(self) -> Any:
+        raise RuntimeError("iter broke")
+
+
+def _any_run(*args: Any, **fields: Any) -> Run:
+    """A Run of fields its hints do not admit, as a caller without a type checker makes one."""
+    return Run(*args, **fields)
+
+
+async def _snapshot(store: Store) -> tuple[list[Run], list[list[Job]]]:
+    runs = await store.list_runs()
+    return runs, [await store.list_jobs(run.id) for run in runs]
+
+
+async def _walk(store: Store, run_id: uuid.UUID, page_size: Any) -> list[Job]:
+    return [job async for job in store.iter_jobs(run_id, page_size=page_size)]
+
+
+def _calls_taking(
+    value: Any, store: Store, run: Run, job: Job
+) -> dict[str, Callable[[], Awaitable[object]]]:
+    """Every int-taking argument of the public API, given ``value``."""
+    return {
+        "Run.epochs": lambda: store.insert_run(Run("m", ["a"], value, 1)),
+        "Run.job_count": lambda: store.insert_run(Run("m", ["a"], 1, value)),
+        "Run.done_count": lambda: store.insert_run(Run("m", ["a"], 1, 1, done_count=value)),
+        "Job.attempt": lambda: store.insert_jobs(
+            [Job(run.id, EvalJob("a", "t", 0), attempt=value)]
+        ),
+        "EvalJob.epoch": lambda: store.insert_jobs([Job(run.id, EvalJob("a", "t", value))]),
+        "JobOutcome.score": lambda: store.record_job_outcome(run.id, JobOutcome(job.id, value)),
+        "claim_runs(limit)": lambda: store.claim_runs(value),
+        "list_runs(limit=)": lambda: store.list_runs(limit=value),
+        "iter_jobs(page_size=)": lambda: _walk(store, run.id, value),
+        "connect(busy_timeout=)": lambda: Store.in_memory(busy_timeout=value),
+    }
+
+
+_INT_ARGUMENTS = list(_calls_taking(0, None, make_run(), None))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("argument", _INT_ARGUMENTS)
+async def test_an_int_too_long_to_print_is_refused_by_its_size(store: Store, argument: str) -> None:
+    """An int of more than 4300 digits, which str() refuses to print, is a ControlError that
+    gives its size instead of a raw ValueError; nothing changes."""
+    run = make_run(2)
+    job = make_jobs(run, 1)[0]
+    await store.insert_run(run)
+    await store.insert_jobs([job])
+    before = await _snapshot(store)
+    with pytest.raises(ControlError, match="an int of about 5001 digits"):
+        await _calls_taking(HUGE, store, run, job)[argument]()
+    assert await _snapshot(store) == before
+
+
+@pytest.mark.parametrize("argument", _INT_ARGUMENTS)
+async def test_a_value_whose_repr_raises_is_refused_by_its_type(
+    store: Store, argument: str
+) -> None:
+    """A value whose __repr__ raises, passed where an int is expected, is a ControlError that
+    names its type; the __repr__'s own exception does not escape, and nothing changes."""
+    run = make_run(2)
+    job = make_jobs(run, 1)[0]
+    await store.insert_run(run)
+    await store.insert_jobs([job])
+    before = await _snapshot(store)
+    with pytest.raises(ControlError, match=r"a _BadRepr whose repr\(\) raised RuntimeError"):
+        await _calls_taking(_BadRepr(), store, run, job)[argument]()
+    assert await _snapshot(store) == before
+
+
+async def test_every_kind_of_argument_with_a_broken_repr_is_refused(store: Store) -> None:
+    """Ids, records, batches, text fields, statuses and the URL: a value whose __repr__ raises
+    is refused as a ControlError naming the field, wherever it is passed."""
+    run = make_run(2)
+    job = make_jobs(run, 1)[0]
+    await store.insert_run(run)
+    await store.insert_jobs([job])
+    before = await _snapshot(store)
+    bad: Any = _BadRepr()
+    calls: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+        ("expected a Run", lambda: store.insert_run(bad)),
+        ("Run.id", lambda: store.insert_run(Run("m", ["a"], 1, 1, id=bad))),
+        ("manifest", lambda: store.insert_run(Run(bad, ["a"], 1, 1))),
+        ("models[0]", lambda: store.insert_run(Run("m", [bad], 1, 1))),
+        ("models", lambda: store.insert_run(Run("m", bad, 1, 1))),
+        ("status", lambda: store.insert_run(Run("m", ["a"], 1, 1, status=bad))),
+        ("created_at", lambda: store.insert_run(Run("m", ["a"], 1, 1, created_at=bad))),
+        ("expected a Job", lambda: store.insert_jobs([bad])),
+        ("spec", lambda: store.insert_jobs([Job(run.id, bad)])),
+        ("spec.model", lambda: store.insert_jobs([Job(run.id, EvalJob(bad, "s", 0))])),
+        ("expected a JobOutcome", lambda: store.record_job_outcome(run.id, bad)),
+        ("JobOutcome.job_id", lambda: store.record_job_outcome(run.id, JobOutcome(bad))),
+        ("output", lambda: store.record_job_outcome(run.id, JobOutcome(job.id, output=bad))),
+        ("run_id", lambda: store.get_run(bad)),
+        ("status", lambda: store.list_runs(status=bad)),
+        ("expected a URL string or a path", lambda: Store.connect(bad)),
+        ("synchronous=", lambda: Store.in_memory(synchronous=bad)),
+    ]
+    for field, call in calls:
+        with pytest.raises(ControlError, match=r"a _BadRepr whose repr\(\) raised") as caught:
+            await call()
+        assert field in str(caught.value), (field, str(caught.value))
+    assert await _snapshot(store) == before
+
+
+def test_shown_is_repr_for_ordinary_values_and_bounded_for_the_rest() -> None:
+    """shown() is repr() of an ordinary value; it never raises, and never runs long."""
+    assert shown(2**63) == repr(2**63)
+    assert shown("x") == "'x'"
+    assert shown(-HUGE) == "a negative int of about 5001 digits"
+    assert shown([HUGE]) == "a list whose repr() raised ValueError"
+    long = shown("y" * 10_000)
+    assert len(long) < 600
+    assert long.endswith("... (10002 characters in all)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Objects that misbehave
+
+
+async def test_a_str_whose_isascii_lies_is_still_checked_for_utf8(store: Store) -> None:
+    """A str subclass whose isascii() says True of a lone surrogate is checked as the plain
+    text it holds: an InvalidInputError naming the field, not the driver's UnicodeEncodeError."""
+    run = make_run(2)
+    job = make_jobs(run, 1)[0]
+    await store.insert_run(run)
+    await store.insert_jobs([job])
+    before = await _snapshot(store)
+    liar = _LyingStr("a\udcff")
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "manifest": lambda: store.insert_run(Run(liar, ["a"], 1, 1)),
+        "models[0]": lambda: store.insert_run(Run("m", [liar], 1, 1)),
+        "spec.sample_id": lambda: store.insert_jobs([Job(run.id, EvalJob("a", liar, 0))]),
+        "output": lambda: store.record_job_outcome(run.id, JobOutcome(job.id, output=liar)),
+    }
+    for field, call in calls.items():
+        pattern = re.escape(f"{field} holds '\\udcff' at index 1")
+        with pytest.raises(InvalidInputError, match=pattern):
+            await call()
+    assert await _snapshot(store) == before
+
+
+async def test_a_status_whose_hash_raises_is_refused_naming_the_field(store: Store) -> None:
+    """A status whose __hash__ raises (a dict or enum lookup hashes it) is an InvalidInputError
+    naming the status and the fix, in insert_run, insert_jobs and list_runs; nothing changes."""
+    run = make_run(2)
+    await store.insert_run(run)
+    before = await _snapshot(store)
+    status: Any = _UnhashableStatus("queued")
+    with pytest.raises(InvalidInputError, match=r"status 'queued' cannot be compared.*hash broke"):
+        await store.insert_run(Run("m", ["a"], 1, 1, status=status))
+    with pytest.raises(InvalidInputError, match=r": status 'queued'.*pass a JobStatus"):
+        await store.insert_jobs([Job(run.id, EvalJob("a", "s", 0), status=status)])
+    with pytest.raises(InvalidInputError, match=r"status 'queued'.*pass a RunStatus.*or None"):
+        await store.list_runs(status=status)
+    assert await _snapshot(store) == before
+
+
+async def test_a_models_list_that_cannot_be_iterated_is_refused(store: Store) -> None:
+    """A models list whose __iter__ raises is an InvalidInputError naming models and what
+    went wrong; nothing is stored."""
+    models: Any = _UniterableList(["a"])
+    with pytest.raises(InvalidInputError, match=r"models is a _UniterableList that cannot be"):
+        await store.insert_run(Run("m", models, 1, 1))
+    assert await store.list_runs() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Each message says what to pass instead
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (
+            lambda: _any_run("m", None, 1, 1),
+            r"models must be a list of str, got NoneType: None; pass",
+        ),
+        (lambda: _any_run("m", "abc", 1, 1), r"models .* got str: 'abc'; wrap a single model name"),
+        (lambda: _any_run("m", ["a", 1], 1, 1), r"models\[1\] must be a str, got int: 1; pass str"),
+        (
+            lambda: _any_run("m", ["a"], 1, 1, created_at=None),
+            r"created_at must be a datetime, got NoneType: None; pass an aware datetime",
+        ),
+        (
+            lambda: _any_run("m", ["a"], 1, 1, status="bogus"),
+            r"status 'bogus' is not one of \['queued', 'running', 'done'\]; pass a RunStatus",
+        ),
+    ],
+    ids=["models-None", "models-str", "models-item", "created_at-None", "status-bogus"],
+)
+async def test_a_bad_run_field_is_refused_with_what_to_pass(
+    store: Store, make: Callable[[], Run], match: str
+) -> None:
+    """Each refused Run field says what was given and what to pass instead; nothing is stored."""
+    with pytest.raises(InvalidInputError, match=match):
+        await store.insert_run(make())
+    assert await store.list_runs() == []
+
+
+async def test_a_bad_job_field_is_refused_with_what_to_pass(store: Store) -> None:
+    """A job's spec or status that cannot be stored says what to pass instead."""
+    run = make_run()
+    await store.insert_run(run)
+    none: Any = None
+    with pytest.raises(
+        InvalidInputError, match=r"spec must be an EvalJob, got NoneType: None; pass EvalJob\("
+    ):
+        await store.insert_jobs([Job(run.id, none)])
+    with pytest.raises(
+        InvalidInputError, match=r"status 'bogus' is not one of .*; pass a JobStatus"
+    ):
+        await store.insert_jobs([Job(run.id, EvalJob("a", "s", 0), status="bogus")])  # type: ignore[arg-type]
+    assert await store.list_jobs(run.id) == []
+
+
+@pytest.mark.parametrize(
+    ("batch", "shown_as"),
+    [("abc", "a str: 'abc'"), (b"abc", "a bytes: b'abc'"), (bytearray(b"ab"), "a bytearray")],
+)
+async def test_a_str_or_bytes_is_not_taken_for_a_batch(
+    store: Store, batch: object, shown_as: str
+) -> None:
+    """insert_jobs and record_job_outcomes refuse a str or bytes as the batch itself (an
+    iterable of characters or ints), instead of blaming its first character; nothing changes."""
+    run = make_run()
+    await store.insert_run(run)
+    bad: Any = batch
+    with pytest.raises(
+        InvalidInputError, match=rf"^jobs must be an iterable of Job, got {shown_as}"
+    ):
+        await store.insert_jobs(bad)
+    with pytest.raises(
+        InvalidInputError, match=rf"^outcomes must be an iterable of JobOutcome, got {shown_as}"
+    ):
+        await store.record_job_outcomes(run.id, bad)
+    assert await store.list_jobs(run.id) == []
+
+
+async def test_list_runs_refusals_say_what_to_pass(store: Store) -> None:
+    """list_runs' limit and status refusals name the value and the fix."""
+    with pytest.raises(InvalidInputError, match=r"got -1; pass the most runs you want, or None"):
+        await store.list_runs(limit=-1)
+    with pytest.raises(InvalidInputError, match=r"'bogus' is not one of .*, or None for every run"):
+        await store.list_runs(status="bogus")  # type: ignore[arg-type]
+
+
+async def test_a_score_no_float_holds_shows_its_value(store: Store) -> None:
+    """An int score a float cannot hold exactly is shown in the refusal (not just its digit
+    count), with the fix."""
+    run = make_run()
+    job = make_jobs(run, 1)[0]
+    await store.insert_run(run)
+    await store.insert_jobs([job])
+    with pytest.raises(InvalidInputError, match=r"score is 9007199254740993, an int that a float"):
+        await store.record_job_outcome(run.id, JobOutcome(job.id, score=2**53 + 1))
+    assert await store.get_job(job.id) == job
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        (b"x.db", r"got bytes: b'x.db'; decode it first: os.fsdecode"),
+        (None, r"got NoneType: None; pass a sqlite:// URL string, or a path"),
+    ],
+)
+async def test_a_url_of_the_wrong_type_says_what_to_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: object, match: str
+) -> None:
+    """A URL that is neither a str nor a path is refused with what to pass instead."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError, match=match):
+        await Store.connect(url)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_migrate_option_says_what_each_value_does() -> None:
+    """migrate= that is not a bool says what True and False do."""
+    with pytest.raises(ConfigurationError, match=r"migrate='yes' must be True or False; True \("):
+        await Store.in_memory(migrate="yes")
+
+
+async def test_a_lost_tracking_row_is_named_not_called_pending(db_path: Path) -> None:
+    """A database whose tracking row for migration 1 is gone, with migration 2's there, is
+    refused naming the lost row, read-only or not, and not changed (not "at migration 2, but
+    needs migration 2", nor migration 1 run again over its own tables); with migrate=False,
+    migrate() says so, as for any other unsound tracking table."""
+    with raw_db(db_path) as conn:
+        conn.execute(f"DELETE FROM {TRACKING} WHERE version = 1")
+    before = db_path.read_bytes()
+    lost = r"records migration 2 \(job rows\) as applied, but not migration 1 \(init\)"
+    for options in ({"read_only": True}, {}):
+        with pytest.raises(MigrationError, match=lost):
+            await Store.connect(db_path, **options)
+    async with Store.connect(db_path, migrate=False) as store:
+        with pytest.raises(MigrationError, match=lost):
+            await store.migrate()
+    assert db_path.read_bytes() == before
+    with raw_db(db_path) as conn:
+        assert conn.execute(f"SELECT version FROM {TRACKING}").fetchall() == [(2,)]
