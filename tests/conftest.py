@@ -93,6 +93,20 @@ def make_jobs(run: Run, count: int | None = None) -> list[Job]:
     return [Job(run.id, EvalJob(run.models[i % len(run.models)], f"s{i}", 0)) for i in range(n)]
 
 
+async def orphaned_jobs(path: Path) -> tuple[Run, list[Job]]:
+    """A run of two jobs stored at ``path``, then its row deleted by hand (foreign keys off):
+    jobs whose run is missing."""
+    run = make_run(job_count=2)
+    jobs = make_jobs(run)
+    async with Store.connect(path) as store:
+        await store.insert_run(run)
+        await store.insert_jobs(jobs)
+    with raw_db(path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("DELETE FROM runs")
+    return run, jobs
+
+
 class Worker:
     """A child process running ``tests/_workers.py MODE ARGS``, read line by line."""
 

@@ -12,7 +12,7 @@ import pytest
 
 from control_store import JobOutcome, Problem, Store
 
-from conftest import make_jobs, make_run, raw_db
+from conftest import make_jobs, make_run, orphaned_jobs, raw_db
 
 
 async def _edit(store: Store, sql: str, *params: object) -> None:
@@ -149,14 +149,7 @@ async def test_check_reports_a_damaged_file(db_path: Path) -> None:
 
 async def test_a_job_whose_run_is_missing_is_named_by_its_id(db_path: Path) -> None:
     """A job whose run row was deleted is reported by the job's id, naming the missing run."""
-    run = make_run(job_count=2)
-    jobs = make_jobs(run)
-    async with Store.connect(db_path) as store:
-        await store.insert_run(run)
-        await store.insert_jobs(jobs)
-    with raw_db(db_path) as conn:
-        conn.execute("PRAGMA foreign_keys = OFF")
-        conn.execute("DELETE FROM runs")
+    run, jobs = await orphaned_jobs(db_path)
     async with Store.connect(db_path) as store:
         problems = await store.check()
     assert sorted(p.row_id for p in problems) == sorted(str(job.id) for job in jobs)

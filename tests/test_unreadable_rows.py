@@ -8,7 +8,7 @@ import pytest
 
 from control_store import ConstraintError, CorruptRowError, JobOutcome, MissingRunError, Store
 
-from conftest import make_jobs, make_run, raw_db
+from conftest import make_jobs, make_run, orphaned_jobs, raw_db
 
 
 @pytest.mark.parametrize(
@@ -92,14 +92,7 @@ async def test_outcome_for_a_job_whose_run_was_deleted_names_the_job(
     db_path: Path, batch: bool
 ) -> None:
     """Recording for a job whose run row is gone names that jobs row by its own id."""
-    run = make_run(job_count=2)
-    jobs = make_jobs(run)
-    async with Store.connect(db_path) as store:
-        await store.insert_run(run)
-        await store.insert_jobs(jobs)
-    with raw_db(db_path) as conn:
-        conn.execute("PRAGMA foreign_keys = OFF")
-        conn.execute("DELETE FROM runs")
+    run, jobs = await orphaned_jobs(db_path)
     async with Store.connect(db_path) as store:
         outcomes = [JobOutcome(job.id) for job in jobs]
         record = (
