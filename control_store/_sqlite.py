@@ -1564,6 +1564,7 @@ class SqliteBackend:
         self._inline = False
         self._closing = False
         self._closer: asyncio.Task[None] | None = None
+        self._stop_when_drained = False  # see _closer_stopped
         # Claims whose callers were cancelled mid-transaction and must give their runs back.
         self._owed = 0
         self._settled = asyncio.Event()
@@ -1688,23 +1689,55 @@ class SqliteBackend:
         if self._closer is None:
             self._closing = True  # read() and write() refuse from now on
             self._closer = self._loop.create_task(self._close())
+            self._closer.add_done_callback(self._closer_stopped)
         # Shielded: a close whose caller is cancelled (a wait_for that timed out) still finishes,
         # and a second close, from another task, returns only once the first has finished.
         await asyncio.shield(self._closer)
 
     async def _close(self) -> None:
+        """Wait for the writes accepted before close() and for claims still owed, then close the
+        connection. A shutdown that cancels every task cancels this one too; the claims it waits
+        for then need the connection all the more (each cancelled claim gives its runs back
+        through it), so it waits on through cancellation, then ends the connection without
+        another await (the loop may close at any moment after a shutdown's tasks are done)."""
+        cancelled = False
         try:
-            # Writes in flight, then claims whose cancelled callers are giving their runs back
-            # (each such give-back is a write of its own: wait for idle again after it).
-            await self._idle.wait()
-            while not self._settled.is_set():
-                await self._settled.wait()
-                await self._idle.wait()
-            with contextlib.suppress(Exception):
-                await self._conn.close()
+            while True:
+                try:
+                    # Writes in flight, then claims whose callers have yet to take their runs
+                    # or give them back (each give-back is a write: wait for idle again).
+                    await self._idle.wait()
+                    while not self._settled.is_set():
+                        await self._settled.wait()
+                        await self._idle.wait()
+                    break
+                except asyncio.CancelledError:
+                    cancelled = True
+            if not cancelled:
+                with contextlib.suppress(Exception):
+                    await self._conn.close()
         finally:
-            if self._conn._running:  # cancelled itself (the loop shutting down): end the thread
+            if self._conn._running:  # cancelled (a shutdown), or closed unfinished
                 stop_worker(self._conn)
+
+    def _closer_stopped(self, closer: asyncio.Task[None]) -> None:
+        """A closer cancelled before its first step (a shutdown cancelling every task just after
+        close() began) closed nothing. No task is started in its place (the loop may close
+        before it runs): the connection ends as soon as nothing is in flight or owed."""
+        if closer.cancelled():
+            self._stop_when_drained = True
+            self._stop_if_drained()
+
+    def _stop_if_drained(self) -> None:
+        """After a closer that never ran: end the connection once no write is in flight or
+        queued and no claim is owed. Called wherever the store becomes idle or settled."""
+        if (
+            self._stop_when_drained
+            and self._idle.is_set()
+            and self._settled.is_set()
+            and self._conn._running
+        ):
+            stop_worker(self._conn)
 
     async def note_unmigrated(self) -> None:
         """With migrate=False: note a schema behind this library's, so that calls are refused
@@ -1919,6 +1952,7 @@ class SqliteBackend:
                 self._start_flusher()
             else:
                 self._idle.set()
+                self._stop_if_drained()
 
     async def _outcome(
         self, future: asyncio.Future[tuple[bool, Any]], ticket: _Ticket, *, wait: bool
@@ -1949,6 +1983,7 @@ class SqliteBackend:
         self._owed -= 1
         if not self._owed:
             self._settled.set()
+            self._stop_if_drained()
 
     def _start_flusher(self) -> None:
         self._writing = True
@@ -1968,6 +2003,7 @@ class SqliteBackend:
         else:
             self._writing = False
             self._idle.set()
+            self._stop_if_drained()
 
     async def _flush(self) -> None:
         try:
@@ -1985,6 +2021,7 @@ class SqliteBackend:
             self._writing = False
             self._flusher = None
             self._idle.set()
+            self._stop_if_drained()
             # Left only if this coroutine was closed mid-queue (its event loop gone): callers
             # still waiting must not hang.
             for _, fut in self._pending:

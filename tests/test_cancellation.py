@@ -410,3 +410,78 @@ async def test_a_claim_whose_give_back_fails_says_which_runs_stay_running(
             other.close()
         assert "status = 'queued'" in str(warned[0].message)
         assert _statuses(store) == {RunStatus.RUNNING.value: 1}
+
+
+async def test_a_shutdown_cancelling_close_itself_still_gives_claims_back(db_path: Path) -> None:
+    """A shutdown that cancels close()'s own task, the group-commit task and the claimers while
+    a group of claims is on the thread: the claims give their runs back before the connection
+    ends, and it does end."""
+    store = await Store.connect(db_path)
+    for _ in range(4):
+        await store.insert_run(make_run())
+    backend = store._backend
+    assert backend is not None
+    thread = _thread_of(store)
+    held = await _HeldClaim.on(store)
+    ahead = await _group_in_flight(store)
+    claims = [asyncio.ensure_future(store.claim_next_run()) for _ in range(2)]
+    try:
+        await ahead
+        assert await held.entered()  # the claims' group is on the thread
+        closing = asyncio.ensure_future(store.close())
+        for _ in range(2):  # close() makes its task, which starts waiting for the claims
+            await asyncio.sleep(0)
+        closer, flusher = backend._closer, backend._flusher
+        assert closer is not None
+        assert flusher is not None
+        for task in (closing, closer, flusher, *claims):
+            task.cancel()
+        await asyncio.sleep(0)
+    finally:
+        held.gate.set()
+    results = await asyncio.wait_for(
+        asyncio.gather(closing, *claims, return_exceptions=True), CALL_TIMEOUT
+    )
+    assert all(isinstance(result, asyncio.CancelledError) for result in results)
+    await asyncio.wait_for(asyncio.shield(closer), CALL_TIMEOUT)  # it ended, not cancelled
+    await asyncio.to_thread(thread.join, CALL_TIMEOUT)
+    assert not thread.is_alive()
+    async with Store.connect(db_path, read_only=True) as reader:
+        assert {run.status for run in await reader.list_runs()} == {RunStatus.QUEUED}
+
+
+@pytest.mark.parametrize("in_flight", [False, True], ids=["idle", "claim in flight"])
+async def test_a_close_cancelled_before_its_first_step_still_ends_the_connection(
+    db_path: Path, in_flight: bool
+) -> None:
+    """close()'s task cancelled before it ran (a shutdown right after close() began): the
+    connection still ends, once a claim in flight has given its run back."""
+    store = await Store.connect(db_path)
+    await store.insert_run(make_run())
+    backend = store._backend
+    assert backend is not None
+    thread = _thread_of(store)
+    held = await _HeldClaim.on(store) if in_flight else None
+    claim = asyncio.ensure_future(store.claim_next_run()) if in_flight else None
+    try:
+        if held is not None:
+            assert await held.entered()
+        closing = asyncio.ensure_future(store.close())
+        await asyncio.sleep(0)  # close() made its task, which has not run yet
+        closer = backend._closer
+        assert closer is not None
+        for task in (closer, closing) if claim is None else (closer, closing, claim):
+            task.cancel()
+    finally:
+        if held is not None:
+            held.gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    if claim is not None:
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(claim, CALL_TIMEOUT)
+    await asyncio.to_thread(thread.join, CALL_TIMEOUT)
+    assert not thread.is_alive()
+    assert store.closed
+    async with Store.connect(db_path, read_only=True) as reader:
+        assert {run.status for run in await reader.list_runs()} == {RunStatus.QUEUED}
