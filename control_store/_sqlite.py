@@ -456,7 +456,8 @@ def _memory_as_a_file(given: str) -> ConfigurationError:
         f"{given!r} names a file, but SQLite would open an in-memory database for it, which "
         "keeps nothing once the store closes; nothing was opened: for an in-memory store use "
         f"Store.in_memory() (or the URL {MEMORY_URL}); for a file named ':memory:', pass "
-        "'./:memory:'"
+        "'./:memory:' as a str (pathlib drops the './'), or an absolute path such as "
+        "Path.cwd() / ':memory:'"
     )
 
 

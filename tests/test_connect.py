@@ -187,13 +187,20 @@ async def test_memory_as_a_file_name_is_refused_with_both_fixes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str | Path
 ) -> None:
     """A plain path ":memory:" (or sqlite://:memory:), which SQLite would silently open as an
-    in-memory database, is a ConfigurationError naming Store.in_memory() and './:memory:'."""
+    in-memory database, is a ConfigurationError naming Store.in_memory() and, for a file of
+    that name, fixes that work for a str and for a Path (which drops a leading './')."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(
         ConfigurationError, match=r"use Store.in_memory\(\).* for a file named ':memory:', pass"
-    ):
+    ) as caught:
         await Store.connect(url)
     assert list(tmp_path.iterdir()) == []
+    assert "'./:memory:' as a str" in str(caught.value)
+    assert "Path.cwd() / ':memory:'" in str(caught.value)
+    assert Path("./:memory:") == Path(":memory:")  # why a Path needs the absolute form
+    async with Store.connect(Path.cwd() / ":memory:") as store:
+        assert not store.read_only
+    assert (tmp_path / ":memory:").exists()
 
 
 async def test_a_file_named_memory_is_opened_as_a_file(
