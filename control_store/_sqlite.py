@@ -212,6 +212,9 @@ SELECT_ALL_JOBS: Final = f"SELECT {_JOB_COLUMNS} FROM jobs"
 # Why a record changed nothing: no such job, another run's job, or a redelivery.
 SELECT_JOB_RUN: Final = "SELECT run_id FROM jobs WHERE id = ?"
 SELECT_MISSING_RUN: Final = "SELECT 1 FROM runs WHERE id = ?"
+SELECT_JOB_EXISTS: Final = "SELECT 1 FROM jobs WHERE id = ?"
+# check(): what a job stored twice adds to its run's counts.
+SELECT_JOB_COUNTS: Final = "SELECT run_id, outcome IS NOT NULL FROM jobs WHERE id = ?"
 
 # What a database holds besides SQLite's own objects (sqlite_schema is sqlite_master's
 # other name since 3.33; our floor is 3.35).
@@ -1237,24 +1240,57 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
     outcomes (the list is Store.check's docstring)."""
     # The canonical text of each run id stored otherwise, to the text it is stored as.
     respelled: dict[str, str] = {}
+    copies: set[str] = set()  # second rows of a run, to be deleted: no counter findings
     for (run_id,) in conn.execute(CHECK_NONCANONICAL_RUN_IDS, (UUID_SHAPE_GLOB,)):
-        if (canonical := _canonical_uuid(run_id)) is not None:
-            respelled[canonical] = run_id
+        if (canonical := _canonical_uuid(run_id)) is None:
+            continue
+        if conn.execute(SELECT_MISSING_RUN, (canonical,)).fetchone():
+            # Rewriting it would collide with the row already there: it is a second copy.
+            copies.add(run_id)
             found(
                 "runs",
                 run_id,
-                f"run {run_id} has its id stored as non-canonical text, so get_run and "
-                f"insert_jobs cannot find it; rewrite it as '{canonical}', in runs.id and in "
-                "jobs.run_id of its jobs, in one transaction after PRAGMA defer_foreign_keys = ON",
+                f"run {run_id} is a second row for run {canonical}, under its id in "
+                "non-canonical text (a hand insert); delete it: give its jobs, if it has any, "
+                f"run_id '{canonical}' (or delete them), then DELETE FROM runs WHERE id = "
+                f"'{run_id}'; then run check() again",
             )
+            continue
+        respelled[canonical] = run_id
+        found(
+            "runs",
+            run_id,
+            f"run {run_id} has its id stored as non-canonical text, so get_run and "
+            f"insert_jobs cannot find it; rewrite it as '{canonical}', in runs.id and in "
+            "jobs.run_id of its jobs, in one transaction after PRAGMA defer_foreign_keys = ON",
+        )
+    # Jobs that are second rows, to be deleted: [done, total] to take off their run's counts,
+    # so that its counter findings hold once they are gone.
+    dropped: dict[object, list[int]] = {}
+    job_copies: set[str] = set()
     for (job_id,) in conn.execute(CHECK_NONCANONICAL_JOB_IDS, (UUID_SHAPE_GLOB,)):
-        if (canonical := _canonical_uuid(job_id)) is not None:
+        if (canonical := _canonical_uuid(job_id)) is None:
+            continue
+        if conn.execute(SELECT_JOB_EXISTS, (canonical,)).fetchone():
+            job_copies.add(job_id)
+            run_id, has_outcome = conn.execute(SELECT_JOB_COUNTS, (job_id,)).fetchone()
+            counts = dropped.setdefault(run_id, [0, 0])
+            counts[0] += has_outcome
+            counts[1] += 1
             found(
                 "jobs",
                 job_id,
-                f"job {job_id} has its id stored as non-canonical text, so get_job and "
-                f"record_job_outcome cannot find it; rewrite it as '{canonical}'",
+                f"job {job_id} is a second row for job {canonical}, under its id in "
+                f"non-canonical text (a hand insert); delete it: DELETE FROM jobs WHERE id = "
+                f"'{job_id}'; then run check() again",
             )
+            continue
+        found(
+            "jobs",
+            job_id,
+            f"job {job_id} has its id stored as non-canonical text, so get_job and "
+            f"record_job_outcome cannot find it; rewrite it as '{canonical}'",
+        )
     # Jobs a repair above re-attaches to their run, by its canonical id: [done, total] to add
     # to what CHECK_RUN_COUNTERS counts for it, so that its counter findings already hold once
     # the ids are rewritten.
@@ -1276,12 +1312,18 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
                 found(exc.table, exc.row_id, str(exc))
     canonical_of = {stored: canonical for canonical, stored in respelled.items()}
     for row in conn.execute(CHECK_RUN_COUNTERS):
+        if row[0] in copies:
+            continue
         if adopted:  # rare: only when some job's run_id is to be rewritten
             extra = adopted.get(canonical_of.get(row[0], row[0]))
             if extra is not None:
                 row = (*row[:4], row[4] + extra[0], row[5] + extra[1], row[6])
+        if (less := dropped.get(row[0])) is not None:  # rarer still: a job stored twice
+            row = (*row[:4], row[4] - less[0], row[5] - less[1], row[6])
         _check_counters(row, found)
     for job_id, status, has_outcome in conn.execute(CHECK_JOB_OUTCOMES):
+        if job_id in job_copies:
+            continue
         # The status follows the outcome, never the reverse: a recorded outcome stands, and a
         # job without one has not run. CHECK_RUN_COUNTERS counts by outcome for the same reason,
         # so its run's done_count finding already accounts for this repair.

@@ -225,6 +225,10 @@ _SET_ID: Final = re.compile(r"rewrite it as '([0-9a-f-]{36})'")
 _SET_RUN_ID: Final = re.compile(r"rewrite its run_id as '([0-9a-f-]{36})'")
 
 
+# "a second row for run <canonical>, ... DELETE FROM runs WHERE id = ...": canonical, table.
+_DELETE_ROW: Final = re.compile(r"a second row for \w+ (\S+),.* DELETE FROM (\w+) WHERE id")
+
+
 def _follow(db_path: Path, problems: list[Problem]) -> None:
     """Apply, by hand, the repair each finding describes (fails on a finding without one)."""
     with raw_db(db_path) as conn:
@@ -239,6 +243,11 @@ def _follow(db_path: Path, problems: list[Problem]) -> None:
                 conn.execute("UPDATE jobs SET run_id = ? WHERE id = ?", (run_id[1], row_id))
             elif table == "jobs" and (job_id := _SET_ID.search(problem.message)):
                 conn.execute("UPDATE jobs SET id = ? WHERE id = ?", (job_id[1], row_id))
+            elif delete := _DELETE_ROW.search(problem.message):
+                canonical, table_named = delete[1], delete[2]
+                if table_named == "runs":  # its jobs first, as the finding says
+                    conn.execute("UPDATE jobs SET run_id = ? WHERE run_id = ?", (canonical, row_id))
+                conn.execute(f"DELETE FROM {table_named} WHERE id = ?", (row_id,))
             elif table == "runs" and (new := _SET_ID.search(problem.message)):
                 assert "PRAGMA defer_foreign_keys = ON" in problem.message
                 conn.execute("PRAGMA defer_foreign_keys = ON")  # until this transaction ends
@@ -435,3 +444,39 @@ async def test_a_job_whose_run_id_is_spelled_otherwise_gets_the_right_repair(
     async with Store.connect(db_path) as store:
         assert await store.check() == []
         assert await store.record_job_outcome(run.id, JobOutcome(job.id, score=1.0))
+
+
+async def test_a_second_row_under_another_spelling_of_an_id_is_to_be_deleted(
+    db_path: Path,
+) -> None:
+    """A run and a job copied by hand under another spelling of ids that already exist: the
+    finding says to delete the copy (a rewrite would collide), and after that, nothing is found."""
+    run = make_run(job_count=2)
+    jobs = make_jobs(run)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+        await store.insert_jobs(jobs)
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute(
+            "INSERT INTO runs (id, manifest, models, epochs, job_count, status, created_at, "
+            "done_count, job_rows) SELECT upper(id), manifest, models, epochs, job_count, status, "
+            "created_at, done_count, job_rows FROM runs"
+        )
+        conn.execute(
+            "INSERT INTO jobs (id, run_id, spec, status, attempt) SELECT upper(id), run_id, "
+            "spec, status, attempt FROM jobs WHERE id = ?",
+            (str(jobs[0].id),),
+        )
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    copies = {
+        ("runs", str(run.id).upper()),
+        ("jobs", str(jobs[0].id).upper()),
+    }
+    assert sorted((p.table, p.row_id) for p in problems) == sorted(copies)
+    assert all("a second row for" in problem.message for problem in problems)
+    _follow(db_path, problems)
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        assert [job.id for job in await store.list_jobs(run.id)] == [job.id for job in jobs]
