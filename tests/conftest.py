@@ -93,14 +93,21 @@ def make_jobs(run: Run, count: int | None = None) -> list[Job]:
     return [Job(run.id, EvalJob(run.models[i % len(run.models)], f"s{i}", 0)) for i in range(n)]
 
 
-async def orphaned_jobs(path: Path) -> tuple[Run, list[Job]]:
-    """A run of two jobs stored at ``path``, then its row deleted by hand (foreign keys off):
-    jobs whose run is missing."""
-    run = make_run(job_count=2)
+async def stored_run(path: Path, job_count: int = 2) -> tuple[Run, list[Job]]:
+    """A run and its ``job_count`` jobs, stored at ``path`` through a store that is closed
+    again (for a test that then edits the file by hand)."""
+    run = make_run(job_count=job_count)
     jobs = make_jobs(run)
     async with Store.connect(path) as store:
         await store.insert_run(run)
         await store.insert_jobs(jobs)
+    return run, jobs
+
+
+async def orphaned_jobs(path: Path) -> tuple[Run, list[Job]]:
+    """A run of two jobs stored at ``path``, then its row deleted by hand (foreign keys off):
+    jobs whose run is missing."""
+    run, jobs = await stored_run(path)
     with raw_db(path) as conn:
         conn.execute("PRAGMA foreign_keys = OFF")
         conn.execute("DELETE FROM runs")

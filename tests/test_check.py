@@ -12,7 +12,7 @@ import pytest
 
 from control_store import JobOutcome, Problem, Store
 
-from conftest import make_jobs, make_run, orphaned_jobs, raw_db
+from conftest import make_jobs, make_run, orphaned_jobs, raw_db, stored_run
 
 
 async def _edit(store: Store, sql: str, *params: object) -> None:
@@ -420,11 +420,7 @@ async def test_a_job_whose_run_id_is_spelled_otherwise_gets_the_right_repair(
 ) -> None:
     """A job whose run_id is another spelling of its run's id is told to rewrite it, whether
     the run is stored canonically, under another spelling, or not at all."""
-    run = make_run(job_count=1)
-    (job,) = make_jobs(run)
-    async with Store.connect(db_path) as store:
-        await store.insert_run(run)
-        await store.insert_jobs([job])
+    run, (job,) = await stored_run(db_path, job_count=1)
     with raw_db(db_path) as conn:
         conn.execute("PRAGMA foreign_keys = OFF")
         conn.execute("UPDATE jobs SET run_id = ?", (str(run.id).replace("-", ""),))
@@ -451,11 +447,7 @@ async def test_a_second_row_under_another_spelling_of_an_id_is_to_be_deleted(
 ) -> None:
     """A run and a job copied by hand under another spelling of ids that already exist: the
     finding says to delete the copy (a rewrite would collide), and after that, nothing is found."""
-    run = make_run(job_count=2)
-    jobs = make_jobs(run)
-    async with Store.connect(db_path) as store:
-        await store.insert_run(run)
-        await store.insert_jobs(jobs)
+    run, jobs = await stored_run(db_path)
     with raw_db(db_path) as conn:
         conn.execute("PRAGMA foreign_keys = OFF")
         conn.execute(

@@ -8,7 +8,7 @@ import pytest
 
 from control_store import ConstraintError, CorruptRowError, JobOutcome, MissingRunError, Store
 
-from conftest import make_jobs, make_run, orphaned_jobs, raw_db
+from conftest import make_jobs, make_run, orphaned_jobs, raw_db, stored_run
 
 
 @pytest.mark.parametrize(
@@ -54,11 +54,7 @@ async def test_unreadable_run_column_names_table_column_row_and_value(
 )
 async def test_unreadable_job_column_is_reported(db_path: Path, column: str, value: object) -> None:
     """get_job and list_jobs raise CorruptRowError naming the jobs column and the value."""
-    run = make_run(job_count=1)
-    (job,) = make_jobs(run)
-    async with Store.connect(db_path) as store:
-        await store.insert_run(run)
-        await store.insert_jobs([job])
+    run, (job,) = await stored_run(db_path, job_count=1)
     with raw_db(db_path) as conn:
         conn.execute(f"UPDATE jobs SET {column} = ?", (value,))
     async with Store.connect(db_path) as store:
@@ -71,11 +67,7 @@ async def test_unreadable_job_column_is_reported(db_path: Path, column: str, val
 
 async def test_recording_against_a_corrupt_run_changes_nothing(db_path: Path) -> None:
     """An outcome whose run cannot advance leaves the job undone: job and run move together."""
-    run = make_run(job_count=1)
-    (job,) = make_jobs(run)
-    async with Store.connect(db_path) as store:
-        await store.insert_run(run)
-        await store.insert_jobs([job])
+    run, (job,) = await stored_run(db_path, job_count=1)
     with raw_db(db_path) as conn:
         conn.execute(
             "CREATE TRIGGER refuse BEFORE UPDATE ON runs BEGIN SELECT RAISE(ABORT, 'no'); END"
