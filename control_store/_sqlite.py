@@ -1608,7 +1608,7 @@ class SqliteBackend:
         self._closing = False
         self._closer: asyncio.Task[None] | None = None
         self._stop_when_drained = False  # see _closer_stopped
-        # Claims whose callers were cancelled mid-transaction and must give their runs back.
+        # Claims accepted whose callers have yet to take their runs or give them back (_owe).
         self._owed = 0
         self._settled = asyncio.Event()
         self._settled.set()
