@@ -512,9 +512,11 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
         detail = f"{exc} ({name})"
         if name.startswith(_BUSY):
             error = DatabaseBusyError(
-                f"{database} is locked: another connection held its write lock for longer than "
-                f"busy_timeout={busy_timeout:g}s [{detail}]; retry the call, or connect with a "
-                "larger busy_timeout"
+                f"{database} is locked: another connection held a lock on it for longer than "
+                f"busy_timeout={busy_timeout:g}s (in WAL mode, every store's, only a writer "
+                "blocks; a file switched out of WAL mode is blocked by a reader's open "
+                f"transaction too) [{detail}]; retry the call, or connect with a larger "
+                "busy_timeout"
             )
         elif name == "SQLITE_CONSTRAINT_FOREIGNKEY":
             error = MissingRunError(f"a job refers to a run that does not exist [{detail}]")

@@ -177,7 +177,8 @@ class DirtyMigrationError(MigrationError):
 
 
 class DatabaseBusyError(ControlError):
-    """Another connection held the database's write lock for longer than ``busy_timeout``."""
+    """Another connection held a lock on the database for longer than ``busy_timeout``: its
+    write lock, or, on a file switched out of WAL mode, any open transaction."""
 
     retryable = True
 

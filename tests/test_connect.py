@@ -22,7 +22,7 @@ from control_store import (
     _sqlite,
 )
 
-from conftest import make_run
+from conftest import make_run, raw_db
 
 
 @pytest.mark.parametrize(
@@ -364,6 +364,30 @@ async def test_write_lock_held_past_busy_timeout_is_a_retryable_busy_error(
             holder.close()
         await store.insert_run(run)
         assert await store.get_run(run.id) == run
+
+
+async def test_a_reader_blocking_a_file_out_of_wal_mode_is_not_called_a_writer(
+    db_path: Path,
+) -> None:
+    """On a file switched out of WAL mode (as for a read-only copy), a reader's open
+    transaction blocks connect; the busy error does not blame a write lock."""
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA journal_mode = DELETE")
+    reader = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM runs").fetchone()  # holds a shared lock
+        with pytest.raises(DatabaseBusyError) as caught:
+            await Store.connect(db_path, busy_timeout=0.1)
+    finally:
+        reader.execute("ROLLBACK")
+        reader.close()
+    message = str(caught.value)
+    assert "write lock" not in message
+    assert "reader's open transaction" in message
+    assert caught.value.retryable
+    async with Store.connect(db_path) as store:  # the reader gone, it opens (and is WAL again)
+        assert await store.list_runs() == []
 
 
 async def test_paths_with_unicode_and_spaces(tmp_path: Path) -> None:
