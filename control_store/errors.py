@@ -24,8 +24,8 @@ to what (the id, the column, the value), and what to do::
     │   │                         migrate: read_only=True (at connect), or migrate=False (at
     │   │                         each call until store.migrate())
     │   └── DirtyMigrationError   a migration was recorded as failed
-    ├── DatabaseBusyError         another connection held the write lock past busy_timeout;
-    │                             retryable (``retryable`` is True)
+    ├── DatabaseBusyError         another connection held a lock past busy_timeout (a writer;
+    │                             out of WAL mode, a reader too); retryable
     └── StorageError              the file system refused: disk full, read-only, I/O error
 
 Errors that a retry may cure carry ``retryable = True``.
