@@ -1609,7 +1609,6 @@ class SqliteBackend:
         self._inline = False
         self._closing = False
         self._closer: asyncio.Task[None] | None = None
-        self._stop_when_drained = False  # see _closer_stopped
         # Claims accepted whose callers have yet to take their runs or give them back (_owe).
         self._owed = 0
         self._settled = asyncio.Event()
@@ -1765,24 +1764,32 @@ class SqliteBackend:
             if self._conn._running:  # cancelled (a shutdown), or closed unfinished
                 stop_worker(self._conn)
 
-    def _closer_stopped(self, closer: asyncio.Task[None]) -> None:
+    def _closer_stopped(self, _: asyncio.Task[None]) -> None:
         """A closer cancelled before its first step (a shutdown cancelling every task just after
         close() began) closed nothing. No task is started in its place (the loop may close
         before it runs): the connection ends as soon as nothing is in flight or owed."""
-        if closer.cancelled():
-            self._stop_when_drained = True
-            self._stop_if_drained()
+        self._stop_if_drained()
 
     def _stop_if_drained(self) -> None:
-        """After a closer that never ran: end the connection once no write is in flight or
-        queued and no claim is owed. Called wherever the store becomes idle or settled."""
+        """After a closer that ended cancelled, end the connection once no write is in flight
+        or queued and no claim is owed. (_close waits through cancellation, so a closer ends
+        cancelled only before its first step, or in its final close, whose finally has ended
+        the connection already.) Called when the closer stops, and whenever the store becomes
+        idle or settled."""
+        closer = self._closer
         if (
-            self._stop_when_drained
+            closer is not None
+            and closer.cancelled()
             and self._idle.is_set()
             and self._settled.is_set()
             and self._conn._running
         ):
             stop_worker(self._conn)
+
+    def _now_idle(self) -> None:
+        """No write is in flight or queued any more."""
+        self._idle.set()
+        self._stop_if_drained()
 
     async def note_unmigrated(self) -> None:
         """With migrate=False: note a schema behind this library's, so that calls are refused
@@ -1996,8 +2003,7 @@ class SqliteBackend:
             if self._pending:
                 self._start_flusher()
             else:
-                self._idle.set()
-                self._stop_if_drained()
+                self._now_idle()
 
     async def _outcome(
         self, future: asyncio.Future[tuple[bool, Any]], ticket: _Ticket, *, wait: bool
@@ -2047,8 +2053,7 @@ class SqliteBackend:
             self._start_flusher()
         else:
             self._writing = False
-            self._idle.set()
-            self._stop_if_drained()
+            self._now_idle()
 
     async def _flush(self) -> None:
         try:
@@ -2065,8 +2070,7 @@ class SqliteBackend:
         finally:
             self._writing = False
             self._flusher = None
-            self._idle.set()
-            self._stop_if_drained()
+            self._now_idle()
             # Left only if this coroutine was closed mid-queue (its event loop gone): callers
             # still waiting must not hang.
             for _, fut in self._pending:
