@@ -1266,9 +1266,16 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
             f"insert_jobs cannot find it; rewrite it as '{canonical}', in runs.id and in "
             "jobs.run_id of its jobs, in one transaction after PRAGMA defer_foreign_keys = ON",
         )
-    # Jobs that are second rows, to be deleted: [done, total] to take off their run's counts,
-    # so that its counter findings hold once they are gone.
-    dropped: dict[object, list[int]] = {}
+    # What the repairs found here change in each run's counts, by the run's id as stored:
+    # [done, total] to add to what CHECK_RUN_COUNTERS counts, so that its counter findings
+    # already hold once those repairs are made (rare: only after hand edits of ids).
+    moved: dict[object, list[int]] = {}
+
+    def move(run_id: object, has_outcome: int, sign: int) -> None:
+        counts = moved.setdefault(run_id, [0, 0])
+        counts[0] += sign * has_outcome
+        counts[1] += sign
+
     job_copies: set[str] = set()
     for (job_id,) in conn.execute(CHECK_NONCANONICAL_JOB_IDS, (UUID_SHAPE_GLOB,)):
         if (canonical := _canonical_uuid(job_id)) is None:
@@ -1276,9 +1283,7 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
         if conn.execute(SELECT_JOB_EXISTS, (canonical,)).fetchone():
             job_copies.add(job_id)
             run_id, has_outcome = conn.execute(SELECT_JOB_COUNTS, (job_id,)).fetchone()
-            counts = dropped.setdefault(run_id, [0, 0])
-            counts[0] += has_outcome
-            counts[1] += 1
+            move(run_id, has_outcome, -1)  # to be deleted
             found(
                 "jobs",
                 job_id,
@@ -1293,18 +1298,12 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
             f"job {job_id} has its id stored as non-canonical text, so get_job and "
             f"record_job_outcome cannot find it; rewrite it as '{canonical}'",
         )
-    # Jobs a repair above re-attaches to their run, by its canonical id: [done, total] to add
-    # to what CHECK_RUN_COUNTERS counts for it, so that its counter findings already hold once
-    # the ids are rewritten.
-    adopted: dict[str, list[int]] = {}
     for job_id, run_id, has_outcome in conn.execute(CHECK_ORPHAN_JOBS):
         job = _shown(job_id)
         message, parent = _missing_run(conn, run_id, respelled)
         found("jobs", job, f"job {job} {message}")
-        if parent is not None:
-            counts = adopted.setdefault(parent, [0, 0])
-            counts[0] += has_outcome
-            counts[1] += 1
+        if parent is not None:  # re-attached to its run, stored canonically or respelled
+            move(respelled.get(parent, parent), has_outcome, 1)
     decoders = ((SELECT_ALL_RUNS, _codec.decode_run), (SELECT_ALL_JOBS, _codec.decode_job))
     for select, decode in decoders:
         for row in conn.execute(select):
@@ -1312,16 +1311,11 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
                 decode(row)
             except CorruptRowError as exc:
                 found(exc.table, exc.row_id, str(exc))
-    canonical_of = {stored: canonical for canonical, stored in respelled.items()}
     for row in conn.execute(CHECK_RUN_COUNTERS):
         if row[0] in copies:
             continue
-        if adopted:  # rare: only when some job's run_id is to be rewritten
-            extra = adopted.get(canonical_of.get(row[0], row[0]))
-            if extra is not None:
-                row = (*row[:4], row[4] + extra[0], row[5] + extra[1], row[6])
-        if (less := dropped.get(row[0])) is not None:  # rarer still: a job stored twice
-            row = (*row[:4], row[4] - less[0], row[5] - less[1], row[6])
+        if (delta := moved.get(row[0])) is not None:
+            row = (*row[:4], row[4] + delta[0], row[5] + delta[1], row[6])
         _check_counters(row, found)
     for job_id, status, has_outcome in conn.execute(CHECK_JOB_OUTCOMES):
         if job_id in job_copies:
