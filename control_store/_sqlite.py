@@ -1299,7 +1299,7 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
             f"record_job_outcome cannot find it; rewrite it as '{canonical}'",
         )
     for job_id, run_id, has_outcome in conn.execute(CHECK_ORPHAN_JOBS):
-        job = _shown(job_id)
+        job = _id_text(job_id)
         message, parent = _missing_run(conn, run_id, respelled)
         found("jobs", job, f"job {job} {message}")
         if parent is not None:  # re-attached to its run, stored canonically or respelled
@@ -1327,7 +1327,7 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
             what, fix = "has an outcome", "set its status to 'done'"
         else:
             what, fix = "has no outcome", "set its status to 'queued' for it to run again"
-        found("jobs", _shown(job_id), f"job {_shown(job_id)} is {status!r} but {what}; {fix}")
+        found("jobs", _id_text(job_id), f"job {_id_text(job_id)} is {status!r} but {what}; {fix}")
 
 
 def _check_counters(row: Sequence[Any], found: Callable[[str, object, str], None]) -> None:
@@ -1338,10 +1338,10 @@ def _check_counters(row: Sequence[Any], found: Callable[[str, object, str], None
     finished. So after every repair these findings give, the next check finds nothing.
     """
     run_id, status, job_count, done_count, done, total, job_rows = row
-    run = f"run {_shown(run_id)}"
+    run = f"run {_id_text(run_id)}"
 
     def finding(message: str) -> None:
-        found("runs", _shown(run_id), f"{run} {message}")
+        found("runs", _id_text(run_id), f"{run} {message}")
 
     if done_count != done:
         finding(
@@ -1389,7 +1389,7 @@ def _missing_run(
     """
     canonical = _canonical_uuid(run_id)
     if canonical is None:  # no UUID: the decoder's finding says so too
-        run = _shown(run_id)
+        run = _id_text(run_id)
         return (
             f"refers to run {run}, which does not exist; restore run {run} from a backup, or "
             "delete this job"
@@ -1421,7 +1421,7 @@ def _canonical_uuid(value: object) -> str | None:
         return None
 
 
-def _shown(value: object) -> str:
+def _id_text(value: object) -> str:
     """A stored id as a finding shows it: text as is, anything else (bytes, a number) as repr."""
     return value if isinstance(value, str) else repr(value)
 
