@@ -114,6 +114,13 @@ async def orphaned_jobs(path: Path) -> tuple[Run, list[Job]]:
     return run, jobs
 
 
+async def group_in_flight(store: Store) -> asyncio.Future[None]:
+    """A write that occupies the thread, so calls made now queue for the next group."""
+    ahead = asyncio.ensure_future(store.insert_run(make_run()))
+    await asyncio.sleep(0)
+    return ahead
+
+
 class Worker:
     """A child process running ``tests/_workers.py MODE ARGS``, read line by line."""
 

@@ -16,7 +16,7 @@ import pytest
 
 from control_store import JobOutcome, JobStatus, Run, RunStatus, Store, _sqlite
 
-from conftest import CALL_TIMEOUT, make_jobs, make_run, sized
+from conftest import CALL_TIMEOUT, group_in_flight, make_jobs, make_run, sized
 
 JOBS_PER_RUN = 10
 
@@ -307,13 +307,6 @@ async def test_close_waits_for_a_cancelled_claim_to_give_its_runs_back(db_path: 
         assert len(await reader.list_runs(status=RunStatus.QUEUED)) == 2
 
 
-async def _group_in_flight(store: Store) -> asyncio.Future[None]:
-    """A write that occupies the thread, so calls made now queue for the next group."""
-    ahead = asyncio.ensure_future(store.insert_run(make_run()))
-    await asyncio.sleep(0)
-    return ahead
-
-
 async def test_close_waits_for_a_queued_claim_cancelled_after_its_group_ran(
     db_path: Path,
 ) -> None:
@@ -325,7 +318,7 @@ async def test_close_waits_for_a_queued_claim_cancelled_after_its_group_ran(
         await store.insert_run(make_run())
     backend = store._backend
     assert backend is not None
-    ahead = await _group_in_flight(store)
+    ahead = await group_in_flight(store)
     claim = asyncio.ensure_future(store.claim_next_run())
     await asyncio.sleep(0)
     closing = asyncio.ensure_future(store.close())
@@ -355,7 +348,7 @@ async def test_cancelling_every_task_gives_back_the_claims_of_a_group(
         backend = store._backend
         assert backend is not None
         held = await _HeldClaim.on(store) if when != "before its first step" else None
-        ahead = await _group_in_flight(store)
+        ahead = await group_in_flight(store)
         claims = [asyncio.ensure_future(store.claim_next_run()) for _ in range(4)]
         try:
             if held is None:
@@ -423,7 +416,7 @@ async def test_a_shutdown_cancelling_close_itself_still_gives_claims_back(db_pat
     assert backend is not None
     thread = _thread_of(store)
     held = await _HeldClaim.on(store)
-    ahead = await _group_in_flight(store)
+    ahead = await group_in_flight(store)
     claims = [asyncio.ensure_future(store.claim_next_run()) for _ in range(2)]
     try:
         await ahead

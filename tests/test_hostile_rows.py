@@ -6,6 +6,7 @@ import asyncio
 import sqlite3
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from control_store import ControlError, CorruptRowError, JobOutcome, Store
 from control_store._codec import lenient_text
 
-from conftest import make_jobs, make_run, sized
+from conftest import group_in_flight, make_jobs, make_run, sized
 
 # The integer columns and their smallest sound value; every other column holds text.
 INTEGER_MINIMUM = {"epochs": 1, "job_count": 0, "done_count": 0, "attempt": 0}
@@ -194,3 +195,57 @@ async def test_text_that_is_not_utf8_is_reported_by_every_read_path() -> None:
         assert backend is not None
         statuses = await backend.read(lambda c: c.execute("SELECT status FROM runs").fetchall())
         assert statuses == [("queued",)]  # the refused claim changed nothing
+
+
+async def test_a_claim_meeting_text_that_is_not_utf8_is_undone_alone_and_in_a_group(
+    db_path: Path,
+) -> None:
+    """On a file, a claim whose runs hold text that is not UTF-8 is undone and run again with
+    the lenient text factory, as a lone call and inside a group commit: its caller gets the
+    CorruptRowError naming the row, no run moves, and the group's other callers keep their
+    results."""
+    async with Store.connect(db_path) as store:
+        bad, good = make_run(), make_run()
+        for run in (bad, good):  # bad first: the oldest, which every claim takes
+            await store.insert_run(run)
+        await _corrupt(store, "runs", "manifest", str(bad.id), Hostile(b"\xff", as_text=True))
+        backend = store._backend
+        assert backend is not None
+        trace: list[str] = []
+        await backend.read(lambda conn: conn.set_trace_callback(trace.append))
+
+        for claim in (store.claim_next_run, lambda: store.claim_runs(5)):
+            trace.clear()
+            with pytest.raises(CorruptRowError, match=rf"runs\.manifest of row {bad.id}"):
+                await claim()
+            # Undone by rolling back its transaction, then run again in another.
+            assert trace[0] == "BEGIN IMMEDIATE"
+            assert trace[2:4] == ["ROLLBACK", "BEGIN IMMEDIATE"]
+            assert trace[4] == trace[1]  # the claim again
+            assert trace[5:] == ["ROLLBACK"]
+
+        trace.clear()
+        extra = make_run()
+        ahead = await group_in_flight(store)
+        claimed = asyncio.ensure_future(store.claim_runs(5))
+        inserted = asyncio.ensure_future(store.insert_run(extra))
+        await ahead
+        refused, stored = await asyncio.gather(claimed, inserted, return_exceptions=True)
+        assert isinstance(refused, CorruptRowError), refused
+        assert str(bad.id) in str(refused)
+        assert stored is None
+        # In the group, only the claim's savepoint was undone before it ran again.
+        group = trace[trace.index("SAVEPOINT group_commit") :]
+        claims = [i for i, sql in enumerate(group) if "SET status = 'running'" in sql]
+        assert len(claims) == 2
+        assert group[claims[0] + 1] == "ROLLBACK TO group_commit"
+        assert group[-1] == "COMMIT"
+
+        await backend.read(lambda conn: conn.set_trace_callback(None))
+        assert await backend.read(lambda conn: conn.text_factory is str)
+        statuses = await backend.read(
+            lambda conn: dict(conn.execute("SELECT id, status FROM runs").fetchall())
+        )
+        assert set(statuses.values()) == {"queued"}
+        assert str(extra.id) in statuses
+        assert len(statuses) == 4  # bad, good, extra and the run of the write ahead
