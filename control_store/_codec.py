@@ -202,14 +202,13 @@ def _check_models(models: object, *, where: str) -> list[str]:
     return [_check_str(model, what=f"{where}: models[{i}]") for i, model in enumerate(items)]
 
 
-def _check_uuid(value: object, *, what: str) -> str:
+def check_uuid(value: object, *, what: str, otherwise: str = "pass a uuid.UUID") -> str:
+    """The canonical text of ``value``, a uuid.UUID (for a subclass with its own __str__ too),
+    else InvalidInputError naming ``what``. The fix: a str is told to wrap itself; anything
+    else gets ``otherwise``."""
     if not isinstance(value, uuid.UUID):
-        fix = (
-            f"wrap it as uuid.UUID({shown(value)})"
-            if isinstance(value, str)
-            else "pass a uuid.UUID"
-        )
-        raise InvalidInputError(f"{what} must be a uuid.UUID, got {shown(value)}; {fix}")
+        fix = f"wrap it as uuid.UUID({shown(value)})" if isinstance(value, str) else otherwise
+        raise InvalidInputError(f"{what} must be a uuid.UUID, got {typed(value)}; {fix}")
     return uuid_text(value)
 
 
@@ -302,7 +301,7 @@ def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, in
         raise InvalidInputError(
             f"expected a Run, got {typed(run)}; pass Run(manifest, models, epochs, job_count)"
         )
-    run_id = _check_uuid(run.id, what="Run.id")
+    run_id = check_uuid(run.id, what="Run.id")
     where = f"run {run_id}"
     manifest = _check_str(run.manifest, what=f"{where}: manifest")
     models = _check_models(run.models, where=where)
@@ -378,7 +377,7 @@ def _checked_outcome_json(outcome: JobOutcome) -> str:
         raise InvalidInputError(
             f"expected a JobOutcome, got {typed(outcome)}; pass JobOutcome(job_id, score=...)"
         )
-    where = f"outcome for job {_check_uuid(outcome.job_id, what='JobOutcome.job_id')}"
+    where = f"outcome for job {check_uuid(outcome.job_id, what='JobOutcome.job_id')}"
     score = outcome.score
     if score is not None:
         score = _check_score(score, where=where)
@@ -501,9 +500,9 @@ def job_encoder() -> tuple[
 def _checked_job_params(job: Job) -> JobRow:
     if not isinstance(job, Job):
         raise InvalidInputError(f"expected a Job, got {typed(job)}; pass Job(run_id, EvalJob(...))")
-    job_id = _check_uuid(job.id, what="Job.id")
+    job_id = check_uuid(job.id, what="Job.id")
     where = f"job {job_id}"
-    run_id = _check_uuid(job.run_id, what=f"{where}: run_id")
+    run_id = check_uuid(job.run_id, what=f"{where}: run_id")
     spec = job.spec
     if not isinstance(spec, EvalJob):
         raise InvalidInputError(

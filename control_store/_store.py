@@ -22,14 +22,10 @@ MigrationState = _sqlite.MigrationState
 
 
 def _id(value: object, *, what: str) -> str:
-    if not isinstance(value, uuid.UUID):
-        fix = (
-            f"wrap the string as uuid.UUID({shown(value)})"
-            if isinstance(value, str)
-            else "pass the id of a Run or Job (a uuid.UUID), e.g. run.id"
-        )
-        raise InvalidInputError(f"{what} must be a uuid.UUID, got {typed(value)}; {fix}")
-    return _codec.uuid_text(value)  # canonical, even for a subclass with its own __str__
+    """An id argument's canonical text; refused, with the fix, if it is no uuid.UUID."""
+    return _codec.check_uuid(
+        value, what=what, otherwise="pass the id of a Run or Job (a uuid.UUID), e.g. run.id"
+    )
 
 
 _INT64_MAX = 2**63 - 1
