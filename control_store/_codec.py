@@ -556,6 +556,24 @@ def corrupt_row(
     )
 
 
+# Every lookup by id binds the canonical text: an id spelt otherwise (upper case, no hyphens,
+# braces) would come back from a list or a claim, and then be found by no call given it.
+NOT_CANONICAL: Final = (
+    "expected canonical UUID text, lower case and hyphenated: an id spelt otherwise is never "
+    "found by id; Store.check() gives the UPDATE that rewrites it"
+)
+_UUID_LENGTH: Final = 36
+
+
+def _canonical_column(texts: Sequence[str]) -> bool:
+    """Whether texts that msgspec has parsed as UUIDs are all canonical, in a few C calls
+    (formatting each UUID to compare would cost five times as much). msgspec takes only the
+    hyphenated 36 characters and the bare 32 hex digits, so they are canonical exactly when
+    all are 36 characters long and none holds upper case."""
+    joined = "".join(texts)
+    return len(joined) == _UUID_LENGTH * len(texts) and joined.lower() == joined
+
+
 class _Reader:
     """Reads one row's columns, turning any failure into a CorruptRowError."""
 
@@ -573,9 +591,12 @@ class _Reader:
         if not isinstance(value, str):
             raise self.corrupt(column, value, "expected UUID text")
         try:
-            return uuid.UUID(value)
+            parsed = uuid.UUID(value)
         except ValueError as exc:
             raise self.corrupt(column, value, "expected a UUID") from exc
+        if str(parsed) != value:
+            raise self.corrupt(column, value, NOT_CANONICAL)
+        return parsed
 
     def text(self, index: int, column: str) -> str:
         value = self.row[index]
@@ -695,6 +716,8 @@ def _runs_of_columns(
     ):
         raise ValueError("a column holds a value decode_run would refuse")
     run_ids = _convert(ids, _UUIDS)
+    if not _canonical_column(ids):
+        raise ValueError("an id is not canonical UUID text")
     model_lists = _json_column(_decode_model_lists, models)  # a text that is not str: TypeError
     times = _convert(created, _DATETIMES)
     return [
@@ -740,6 +763,7 @@ def decode_run(row: Sequence[Any]) -> Run:
         and type(run_id) is str
         and type(created_at) is str
         and status in _RUN_STATUS
+        and (parsed := _canonical_id(run_id)) is not None
     ):
         try:
             return Run(
@@ -747,7 +771,7 @@ def decode_run(row: Sequence[Any]) -> Run:
                 _decode_models(models),
                 epochs,
                 job_count,
-                id=RunId(_convert(run_id, uuid.UUID)),
+                id=RunId(parsed),
                 status=_RUN_STATUS[status],
                 created_at=_parse_timestamp(created_at),
                 done_count=done_count,
@@ -755,6 +779,15 @@ def decode_run(row: Sequence[Any]) -> Run:
         except (ValueError, msgspec.DecodeError):
             pass
     return _checked_run(row)
+
+
+def _canonical_id(text: str) -> uuid.UUID | None:
+    """The UUID whose canonical text ``text`` is; None for any other text."""
+    try:
+        parsed: uuid.UUID = _convert(text, uuid.UUID)
+    except (ValueError, msgspec.DecodeError):
+        return None
+    return parsed if uuid_text(parsed) == text else None
 
 
 def _checked_run(row: Sequence[Any]) -> Run:
@@ -810,9 +843,13 @@ def _jobs_of_columns(columns: list[tuple[Any, ...]]) -> list[Job]:
     distinct = set(run_ids)
     if len(distinct) == 1:  # the usual case, one run's jobs: parse its id once
         run_id = _convert(run_ids[0], uuid.UUID)
+        canonical = _canonical_column(run_ids[:1])
         parents: Iterable[uuid.UUID] = itertools.repeat(run_id, len(run_ids))
     else:
         parents = _convert(run_ids, _UUIDS)
+        canonical = _canonical_column(run_ids)
+    if not canonical or not _canonical_column(ids):
+        raise ValueError("an id is not canonical UUID text")
     spec_list = _json_column(_decode_specs, specs)
     recorded = [o for o in outcomes if o is not None]
     decoded = iter(_json_column(_decode_outcomes, recorded) if recorded else ())
@@ -844,12 +881,14 @@ def decode_job(row: Sequence[Any]) -> Job:
         and attempt >= 0
         and status in _JOB_STATUS
         and (outcome is None or type(outcome) is str)
+        and (parent := _canonical_id(run_id)) is not None
+        and (parsed := _canonical_id(job_id)) is not None
     ):
         try:
             return Job(
-                _convert(run_id, uuid.UUID),
+                parent,
                 _decode_spec(spec),
-                id=JobId(_convert(job_id, uuid.UUID)),
+                id=JobId(parsed),
                 status=_JOB_STATUS[status],
                 attempt=attempt,
                 outcome=None if outcome is None else _decode_outcome(outcome),

@@ -1304,11 +1304,20 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
         found("jobs", job, f"job {job} {message}")
         if parent is not None:  # re-attached to its run, stored canonically or respelled
             move(respelled.get(parent, parent), has_outcome, 1)
-    decoders = ((SELECT_ALL_RUNS, _codec.decode_run), (SELECT_ALL_JOBS, _codec.decode_job))
-    for select, decode in decoders:
+    # (query, decoder, how many leading columns are ids: runs.id; jobs.id and jobs.run_id)
+    decoders = ((SELECT_ALL_RUNS, _codec.decode_run, 1), (SELECT_ALL_JOBS, _codec.decode_job, 2))
+    for select, decode, ids in decoders:
         for row in conn.execute(select):
             try:
-                decode(row)
+                try:
+                    decode(row)
+                except CorruptRowError:
+                    # An id spelt otherwise than canonically was reported above, with its
+                    # rewrite: the rest of the row is judged as it will be once rewritten.
+                    respelt = _canonical_ids(row, ids)
+                    if respelt is row:
+                        raise
+                    decode(respelt)
             except CorruptRowError as exc:
                 found(exc.table, exc.row_id, str(exc))
     for row in conn.execute(CHECK_RUN_COUNTERS):
@@ -1419,6 +1428,16 @@ def _canonical_uuid(value: object) -> str | None:
         return str(uuid.UUID(value))
     except ValueError:
         return None
+
+
+def _canonical_ids(row: tuple[Any, ...], ids: int) -> tuple[Any, ...]:
+    """``row`` with its first ``ids`` cells in canonical text where they are UUID text spelt
+    otherwise; ``row`` itself if none is."""
+    spelt = [
+        canonical if (canonical := _canonical_uuid(value)) is not None else value
+        for value in row[:ids]
+    ]
+    return row if spelt == list(row[:ids]) else (*spelt, *row[ids:])
 
 
 def _id_text(value: object) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
+from functools import partial
 from typing import Any, cast
 
 import msgspec
@@ -237,6 +238,11 @@ def _near_misses() -> list[object]:
         "\uff12026-01-01T00:00:00.000000Z",
         str(uuid.uuid4()),
         uuid.uuid4().hex,
+        # The sound rows' own ids, spelt otherwise: the same UUIDs, never found by id.
+        _GOOD_RUN[0].upper(),
+        "{" + _GOOD_JOB[0] + "}",
+        "urn:uuid:" + _GOOD_JOB[1],
+        _GOOD_JOB[1].replace("-", ""),
         0,
         -1,
         1,
@@ -346,6 +352,45 @@ def test_every_near_miss_in_every_column_decodes_as_row_by_row(
             damaged = (*good[:index], value, *good[index + 1 :])
             rows = [good] * 4 + [damaged] + [good] * (_codec._BATCH - 5)  # a batch, not row by row
             assert _batch(batch, rows) == _each(one, rows), (index, value)
+
+
+_SPELLINGS: list[Callable[[str], str]] = [
+    str.upper,
+    lambda text: text.replace("-", ""),
+    lambda text: "{" + text + "}",
+    lambda text: "urn:uuid:" + text,
+]
+
+
+@pytest.mark.parametrize("spell", _SPELLINGS, ids=["upper", "no-hyphens", "braces", "urn"])
+def test_an_id_spelt_otherwise_than_canonically_is_refused_by_every_decoder(
+    spell: Callable[[str], str],
+) -> None:
+    """Each id column, spelt as another text of the same UUID, in one row, in a batch with
+    sound rows, and in a batch of only such rows (one run's jobs parse their run id once):
+    refused with the error that says where the repair is. Taken, such a row would be listed
+    and claimed, and then found by no call given its id."""
+    run = (spell(_GOOD_RUN[0]), *_GOOD_RUN[1:])
+    claimed = (7, *run[:5], *run[6:])
+    job_id = (spell(_GOOD_JOB[0]), *_GOOD_JOB[1:])
+    run_id = (_GOOD_JOB[0], spell(_GOOD_JOB[1]), *_GOOD_JOB[2:])
+    sound_claimed = (7, *_GOOD_RUN[:5], *_GOOD_RUN[6:])
+    cases: list[tuple[str, Any, Any, tuple[object, ...], tuple[object, ...] | None]] = [
+        ("id", _codec.decode_runs, _codec.decode_run, run, _GOOD_RUN),
+        ("id", _codec.decode_claimed, None, claimed, sound_claimed),
+        ("id", _codec.decode_jobs, _codec.decode_job, job_id, _GOOD_JOB),
+        ("run_id", _codec.decode_jobs, _codec.decode_job, run_id, _GOOD_JOB),
+    ]
+    for column, batch, one, bad, good in cases:
+        batches = [[bad], [good] * (_codec._BATCH - 1) + [bad], [bad] * _codec._BATCH]
+        calls = [partial(batch, rows) for rows in batches]
+        if one is not None:
+            calls.append(partial(one, bad))
+        for call in calls:
+            with pytest.raises(CorruptRowError, match="canonical UUID text") as caught:
+                call()
+            assert caught.value.column == column
+            assert "Store.check() gives the UPDATE that rewrites it" in str(caught.value)
 
 
 def test_batch_decoders_take_the_fast_path_for_sound_rows() -> None:

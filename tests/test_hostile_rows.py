@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from control_store import ControlError, CorruptRowError, JobOutcome, Store
 from control_store._codec import lenient_text
 
-from conftest import group_in_flight, make_jobs, make_run, sized
+from conftest import group_in_flight, make_jobs, make_run, raw_db, sized, stored_run
 
 # The integer columns and their smallest sound value; every other column holds text.
 INTEGER_MINIMUM = {"epochs": 1, "job_count": 0, "done_count": 0, "attempt": 0}
@@ -249,3 +249,34 @@ async def test_a_claim_meeting_text_that_is_not_utf8_is_undone_alone_and_in_a_gr
         assert set(statuses.values()) == {"queued"}
         assert str(extra.id) in statuses
         assert len(statuses) == 4  # bad, good, extra and the run of the write ahead
+
+
+async def test_a_run_id_spelt_otherwise_is_refused_until_rewritten(db_path: Path) -> None:
+    """A hand edit upper-cases a run's id (and its jobs' run_id, to keep them attached): lists
+    and claims refuse the row, naming it and where the repair is, and the refused claims
+    change nothing. check() reports it once; after its rewrite, the run is claimed as itself.
+    Taken as it was, the run would be claimed, and then found by no call given its id."""
+    run, _ = await stored_run(db_path)
+    spelt = str(run.id).upper()
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("UPDATE runs SET id = upper(id)")
+        conn.execute("UPDATE jobs SET run_id = upper(run_id)")
+    async with Store.connect(db_path) as store:
+        calls = (store.list_runs, store.claim_next_run, lambda: store.claim_runs(3))
+        for call in calls:
+            with pytest.raises(CorruptRowError, match=rf"runs\.id of row {spelt} .*canonical"):
+                await call()
+        [problem] = await store.check()
+        assert (problem.table, problem.row_id) == ("runs", spelt)
+        assert f"rewrite it as '{run.id}'" in problem.message
+    with raw_db(db_path) as conn:
+        assert conn.execute("SELECT status FROM runs").fetchall() == [("queued",)]
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("UPDATE runs SET id = lower(id)")
+        conn.execute("UPDATE jobs SET run_id = lower(run_id)")
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        claimed = await store.claim_next_run()
+        assert claimed is not None
+        assert claimed.id == run.id
