@@ -62,6 +62,7 @@ _TIMESTAMP_LENGTH: Final = len("2026-01-01T00:00:00.000000Z")
 # Every status by its value, for the hot paths (RunStatus(value) is a slower call).
 _RUN_STATUS: Final = {s.value: s for s in RunStatus}
 _JOB_STATUS: Final = {s.value: s for s in JobStatus}
+_RUNNING: Final = RunStatus.RUNNING.value  # an enum's .value is a property: 0.35 us a call
 _QUEUED: Final = JobStatus.QUEUED  # every new job's status: checked by identity first
 # The statuses a new run or job may be inserted with: never done (see _checked_run_params).
 _NEW_RUN: Final = {s.value: s for s in RunStatus if s is not RunStatus.DONE}
@@ -689,7 +690,7 @@ def decode_claimed(rows: Sequence[Sequence[Any]]) -> list[Run]:
 
 
 def _decode_claimed_row(row: Sequence[Any]) -> Run:
-    return decode_run((*row[1:6], RunStatus.RUNNING.value, *row[6:]))
+    return decode_run((*row[1:6], _RUNNING, *row[6:]))
 
 
 def _runs_of_columns(
