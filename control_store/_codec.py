@@ -208,7 +208,12 @@ def check_uuid(value: object, *, what: str, otherwise: str = "pass a uuid.UUID")
     else InvalidInputError naming ``what``. The fix: a str is told to wrap itself; anything
     else gets ``otherwise``."""
     if not isinstance(value, uuid.UUID):
-        fix = f"wrap it as uuid.UUID({shown(value)})" if isinstance(value, str) else otherwise
+        if not isinstance(value, str):
+            fix = otherwise
+        elif spelt_uuid(value) is None:
+            fix = f"that is no UUID's text either: {otherwise}"
+        else:
+            fix = f"wrap it as uuid.UUID({shown(value)})"
         raise InvalidInputError(f"{what} must be a uuid.UUID, got {typed(value)}; {fix}")
     return uuid_text(value)
 
@@ -575,14 +580,38 @@ def _canonical_column(texts: Sequence[str]) -> bool:
     return len(joined) == _UUID_LENGTH * len(texts) and joined.lower() == joined
 
 
+_HEX_DIGITS: Final = frozenset("0123456789abcdefABCDEF")
+
+
+def spelt_uuid(text: str) -> uuid.UUID | None:
+    """The UUID ``text`` spells in a form uuid.UUID() reads (hex digits in either case, hyphens,
+    braces, a urn:uuid: prefix); None for any other text. Stricter than uuid.UUID(), which
+    reads its 32 digits with int(x, 16): that also takes whitespace, '+', '_' and non-ASCII
+    digits, and reads text holding them as another UUID."""
+    digits = text.replace("urn:", "").replace("uuid:", "").strip("{}").replace("-", "")
+    if len(digits) != 32 or not _HEX_DIGITS.issuperset(digits):
+        return None
+    return uuid.UUID(hex=digits)
+
+
+def stored_uuid(table: str, column: str, row_id: object, value: object) -> uuid.UUID:
+    """A stored id, as the decoders read one: canonical UUID text, else the CorruptRowError
+    naming the row (for code that reads an id without decoding its whole row)."""
+    return _Reader(table, (row_id, value)).uuid(1, column)
+
+
 class _Reader:
-    """Reads one row's columns, turning any failure into a CorruptRowError."""
+    """Reads one row's columns, turning any failure into a CorruptRowError.
 
-    __slots__ = ("row", "table")
+    ``canonical=False`` takes an id spelt otherwise than canonically (for check(), which
+    reports the spelling itself, and judges the rest of the row as it stands)."""
 
-    def __init__(self, table: str, row: Sequence[Any]) -> None:
+    __slots__ = ("canonical", "row", "table")
+
+    def __init__(self, table: str, row: Sequence[Any], *, canonical: bool = True) -> None:
         self.table = table
         self.row = row
+        self.canonical = canonical
 
     def corrupt(self, column: str, value: object, why: str) -> CorruptRowError:
         return corrupt_row(self.table, column, self.row[0], value, why)
@@ -591,11 +620,10 @@ class _Reader:
         value = self.row[index]
         if not isinstance(value, str):
             raise self.corrupt(column, value, "expected UUID text")
-        try:
-            parsed = uuid.UUID(value)
-        except ValueError as exc:
-            raise self.corrupt(column, value, "expected a UUID") from exc
-        if str(parsed) != value:
+        parsed = spelt_uuid(value)
+        if parsed is None:
+            raise self.corrupt(column, value, "expected a UUID")
+        if self.canonical and str(parsed) != value:
             raise self.corrupt(column, value, NOT_CANONICAL)
         return parsed
 
@@ -791,8 +819,8 @@ def _canonical_id(text: str) -> uuid.UUID | None:
     return parsed if uuid_text(parsed) == text else None
 
 
-def _checked_run(row: Sequence[Any]) -> Run:
-    r = _Reader("runs", row)
+def _checked_run(row: Sequence[Any], *, canonical: bool = True) -> Run:
+    r = _Reader("runs", row, canonical=canonical)
     return Run(
         r.text(1, "manifest"),
         r.json(2, "models", _decode_models),
@@ -803,6 +831,12 @@ def _checked_run(row: Sequence[Any]) -> Run:
         created_at=r.timestamp(6, "created_at"),
         done_count=r.integer(7, "done_count"),
     )
+
+
+def check_run_as_spelt(row: Sequence[Any]) -> None:
+    """Raise the CorruptRowError for anything decode_run refuses but an id spelt otherwise than
+    canonically, naming the row by its id as stored (for check())."""
+    _checked_run(row, canonical=False)
 
 
 def decode_jobs(rows: Sequence[Sequence[Any]]) -> list[Job]:
@@ -899,8 +933,13 @@ def decode_job(row: Sequence[Any]) -> Job:
     return _checked_job(row)
 
 
-def _checked_job(row: Sequence[Any]) -> Job:
-    r = _Reader("jobs", row)
+def check_job_as_spelt(row: Sequence[Any]) -> None:
+    """As check_run_as_spelt, for a job."""
+    _checked_job(row, canonical=False)
+
+
+def _checked_job(row: Sequence[Any], *, canonical: bool = True) -> Job:
+    r = _Reader("jobs", row, canonical=canonical)
     outcome = None if row[5] is None else r.json(5, "outcome", _decode_outcome)
     return Job(
         r.uuid(1, "run_id"),

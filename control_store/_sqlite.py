@@ -24,7 +24,6 @@ import re
 import sqlite3
 import threading
 import time
-import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -1304,20 +1303,21 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
         found("jobs", job, f"job {job} {message}")
         if parent is not None:  # re-attached to its run, stored canonically or respelled
             move(respelled.get(parent, parent), has_outcome, 1)
-    # (query, decoder, how many leading columns are ids: runs.id; jobs.id and jobs.run_id)
-    decoders = ((SELECT_ALL_RUNS, _codec.decode_run, 1), (SELECT_ALL_JOBS, _codec.decode_job, 2))
-    for select, decode, ids in decoders:
+    decoders = (
+        (SELECT_ALL_RUNS, _codec.decode_run, _codec.check_run_as_spelt),
+        (SELECT_ALL_JOBS, _codec.decode_job, _codec.check_job_as_spelt),
+    )
+    for select, decode, check_as_spelt in decoders:
         for row in conn.execute(select):
             try:
                 try:
                     decode(row)
-                except CorruptRowError:
-                    # An id spelt otherwise than canonically was reported above, with its
-                    # rewrite: the rest of the row is judged as it will be once rewritten.
-                    respelt = _canonical_ids(row, ids)
-                    if respelt is row:
+                except CorruptRowError as exc:
+                    # An id in another spelling of its UUID was reported above, with its
+                    # rewrite: the rest of the row is judged as it stands.
+                    if not _respelt_id(exc):
                         raise
-                    decode(respelt)
+                    check_as_spelt(row)
             except CorruptRowError as exc:
                 found(exc.table, exc.row_id, str(exc))
     for row in conn.execute(CHECK_RUN_COUNTERS):
@@ -1422,22 +1422,18 @@ def _missing_run(
 
 def _canonical_uuid(value: object) -> str | None:
     """The canonical text of a stored id that is UUID text; None for anything else."""
-    if not isinstance(value, str):
-        return None
-    try:
-        return str(uuid.UUID(value))
-    except ValueError:
-        return None
+    parsed = _codec.spelt_uuid(value) if isinstance(value, str) else None
+    return None if parsed is None else str(parsed)
 
 
-def _canonical_ids(row: tuple[Any, ...], ids: int) -> tuple[Any, ...]:
-    """``row`` with its first ``ids`` cells in canonical text where they are UUID text spelt
-    otherwise; ``row`` itself if none is."""
-    spelt = [
-        canonical if (canonical := _canonical_uuid(value)) is not None else value
-        for value in row[:ids]
-    ]
-    return row if spelt == list(row[:ids]) else (*spelt, *row[ids:])
+def _respelt_id(exc: CorruptRowError) -> bool:
+    """Whether ``exc`` refuses an id only for being another spelling of its UUID."""
+    value = exc.value
+    return (
+        exc.column in ("id", "run_id")
+        and isinstance(value, str)
+        and _codec.spelt_uuid(value) is not None
+    )
 
 
 def _id_text(value: object) -> str:
@@ -1520,8 +1516,7 @@ def _why_unrecorded(run_id: str, job_id: str, conn: sqlite3.Connection) -> None:
             f"job {job_id} does not exist (outcome reported for run {run_id}); nothing was "
             "recorded: check the job id the worker reported"
         )
-    if not isinstance(row[0], str):
-        raise _codec.corrupt_row("jobs", "run_id", job_id, row[0], "expected UUID text")
+    _codec.stored_uuid("jobs", "run_id", job_id, row[0])  # canonical text, or CorruptRowError
     if row[0] != run_id:
         raise WrongRunError(
             f"job {job_id} belongs to run {row[0]}, not to run {run_id}; nothing was "

@@ -10,7 +10,7 @@ from typing import Final
 
 import pytest
 
-from control_store import JobOutcome, Problem, Store
+from control_store import CorruptRowError, JobOutcome, Problem, Store
 
 from conftest import make_jobs, make_run, orphaned_jobs, raw_db, stored_run
 
@@ -472,3 +472,89 @@ async def test_a_second_row_under_another_spelling_of_an_id_is_to_be_deleted(
     async with Store.connect(db_path) as store:
         assert await store.check() == []
         assert [job.id for job in await store.list_jobs(run.id)] == [job.id for job in jobs]
+
+
+# Text of UUID shape that uuid.UUID() would read as another UUID (it parses with int(x, 16),
+# which takes whitespace, '+', '_' and non-ASCII digits): no spelling of any id.
+_MISREAD: Final = {
+    "trailing-space": lambda text: text[:-1] + " ",
+    "plus": lambda text: "+" + text[1:],
+    "underscore": lambda text: text[:9] + "_" + text[10:],
+    "full-width-digit": lambda text: "\uff11" + text[1:],
+    "upper-trailing-space": lambda text: text.upper()[:-1] + " ",
+}
+
+
+@pytest.mark.parametrize("misread", _MISREAD.values(), ids=_MISREAD.keys())
+async def test_an_id_that_only_looks_like_a_uuid_is_reported_as_unreadable(
+    db_path: Path, misread: Callable[[str], str]
+) -> None:
+    """Reads refuse it as no UUID, and check() reports it so, with no rewrite to another UUID
+    (uuid.UUID() reads '...059 ' as a UUID with its digits shifted)."""
+    run, jobs = await stored_run(db_path)
+    bad_run, bad_job = misread(str(run.id)), misread(str(jobs[0].id))
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("UPDATE runs SET id = ?", (bad_run,))
+        conn.execute("UPDATE jobs SET run_id = ?", (bad_run,))
+        conn.execute("UPDATE jobs SET id = ? WHERE id = ?", (bad_job, str(jobs[0].id)))
+    async with Store.connect(db_path) as store:
+        with pytest.raises(CorruptRowError, match=r"runs\.id of row .*expected a UUID\)"):
+            await store.list_runs()
+        problems = await store.check()
+    found = {(p.table, p.row_id): p.message for p in problems}
+    assert "expected a UUID)" in found.pop(("runs", bad_run))
+    assert "expected a UUID)" in found.pop(("jobs", bad_job))
+    # The other job is intact but for its run_id: unreadable too, and named by its own id.
+    assert "jobs.run_id of row" in found.pop(("jobs", str(jobs[1].id)))
+    assert found == {}
+    assert not any("rewrite it as" in p.message for p in problems)
+
+
+@pytest.mark.parametrize("copy", [False, True], ids=["respelt", "second-copy"])
+async def test_a_respelt_row_with_other_damage_is_named_as_stored(
+    db_path: Path, *, copy: bool
+) -> None:
+    """A run whose id is upper-cased (or a hand copy under that spelling), with epochs 0 too:
+    check() reports the spelling and the epochs, both under the id as stored; never under the
+    canonical id, which names no row here, or a healthy one."""
+    run, _ = await stored_run(db_path)
+    spelt = str(run.id).upper()
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        if copy:
+            conn.execute(
+                "INSERT INTO runs (id, manifest, models, epochs, job_count, status, "
+                "created_at, done_count, job_rows) SELECT upper(id), manifest, models, 0, "
+                "job_count, status, created_at, done_count, job_rows FROM runs"
+            )
+        else:
+            conn.execute("UPDATE runs SET id = upper(id), epochs = 0")
+            conn.execute("UPDATE jobs SET run_id = upper(run_id)")
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    assert {p.row_id for p in problems} == {spelt}
+    assert len(problems) == 2
+    assert any(f"runs.epochs of row {spelt} holds 0" in p.message for p in problems)
+
+
+async def test_an_outcome_for_a_job_whose_run_id_is_respelt_names_the_row(db_path: Path) -> None:
+    """Recording an outcome for a job whose run_id was upper-cased by hand (with its run's id):
+    the CorruptRowError naming the job's run_id, not a WrongRunError blaming the caller for a
+    run id that is the right one; nothing is recorded."""
+    run, jobs = await stored_run(db_path)
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("UPDATE runs SET id = upper(id)")
+        conn.execute("UPDATE jobs SET run_id = upper(run_id)")
+    async with Store.connect(db_path) as store:
+        calls = (
+            lambda: store.record_job_outcome(run.id, JobOutcome(jobs[0].id)),
+            lambda: store.record_job_outcomes(run.id, [JobOutcome(jobs[0].id)]),
+        )
+        for call in calls:
+            with pytest.raises(CorruptRowError, match=rf"jobs\.run_id of row {jobs[0].id} "):
+                await call()
+    with raw_db(db_path) as conn:
+        recorded = conn.execute("SELECT count(*) FROM jobs WHERE outcome IS NOT NULL").fetchone()
+    assert recorded == (0,)

@@ -531,7 +531,8 @@ async def test_ids_must_be_uuids(store: Store) -> None:
     """A string where an id is expected is refused with the fix in the message."""
     with pytest.raises(InvalidInputError, match=r"uuid\.UUID\("):
         await store.get_run("0f8fad5b-d9cb-469f-a165-70867728950e")  # type: ignore[arg-type]
-    for not_an_id in (None, 123):  # no text to wrap: the fix is to pass a real id
+    # No text to wrap, or text uuid.UUID() would refuse: the fix is to pass a real id.
+    for not_an_id in (None, 123, "zz", "0f8fad5b-d9cb-469f-a165-70867728950 "):
         with pytest.raises(InvalidInputError, match=r"pass the id of a Run or Job") as caught:
             await store.get_run(not_an_id)  # type: ignore[arg-type]
         assert "uuid.UUID(" not in str(caught.value)
