@@ -566,7 +566,7 @@ def corrupt_row(
 # braces) would come back from a list or a claim, and then be found by no call given it.
 NOT_CANONICAL: Final = (
     "expected canonical UUID text, lower case and hyphenated: an id spelt otherwise is never "
-    "found by id; Store.check() gives the UPDATE that rewrites it"
+    "found by id; Store.check() says how to repair it"
 )
 _UUID_LENGTH: Final = 36
 
@@ -792,7 +792,7 @@ def decode_run(row: Sequence[Any]) -> Run:
         and type(run_id) is str
         and type(created_at) is str
         and status in _RUN_STATUS
-        and (parsed := _canonical_id(run_id)) is not None
+        and (parsed := _uuid_if_canonical(run_id)) is not None
     ):
         try:
             return Run(
@@ -810,7 +810,7 @@ def decode_run(row: Sequence[Any]) -> Run:
     return _checked_run(row)
 
 
-def _canonical_id(text: str) -> uuid.UUID | None:
+def _uuid_if_canonical(text: str) -> uuid.UUID | None:
     """The UUID whose canonical text ``text`` is; None for any other text."""
     try:
         parsed: uuid.UUID = _convert(text, uuid.UUID)
@@ -916,8 +916,8 @@ def decode_job(row: Sequence[Any]) -> Job:
         and attempt >= 0
         and status in _JOB_STATUS
         and (outcome is None or type(outcome) is str)
-        and (parent := _canonical_id(run_id)) is not None
-        and (parsed := _canonical_id(job_id)) is not None
+        and (parent := _uuid_if_canonical(run_id)) is not None
+        and (parsed := _uuid_if_canonical(job_id)) is not None
     ):
         try:
             return Job(
