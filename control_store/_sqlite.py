@@ -1245,8 +1245,9 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
     for (run_id,) in conn.execute(CHECK_NONCANONICAL_RUN_IDS, (UUID_SHAPE_GLOB,)):
         if (canonical := _canonical_uuid(run_id)) is None:
             continue
-        if conn.execute(SELECT_MISSING_RUN, (canonical,)).fetchone():
-            # Rewriting it would collide with the row already there: it is a second copy.
+        if canonical in respelled or conn.execute(SELECT_MISSING_RUN, (canonical,)).fetchone():
+            # Rewriting it would collide with the row already there, or with an earlier row
+            # rewritten to the same id (rows in rowid order): it is a second copy.
             copies.add(run_id)
             found(
                 "runs",
@@ -1276,10 +1277,11 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
         counts[1] += sign
 
     job_copies: set[str] = set()
+    respelled_jobs: set[str] = set()  # canonical ids that a job's finding rewrites a row to
     for (job_id,) in conn.execute(CHECK_NONCANONICAL_JOB_IDS, (UUID_SHAPE_GLOB,)):
         if (canonical := _canonical_uuid(job_id)) is None:
             continue
-        if conn.execute(SELECT_JOB_EXISTS, (canonical,)).fetchone():
+        if canonical in respelled_jobs or conn.execute(SELECT_JOB_EXISTS, (canonical,)).fetchone():
             job_copies.add(job_id)
             run_id, has_outcome = conn.execute(SELECT_JOB_COUNTS, (job_id,)).fetchone()
             move(run_id, has_outcome, -1)  # to be deleted
@@ -1291,18 +1293,14 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
                 f"'{job_id}'; then run check() again",
             )
             continue
+        respelled_jobs.add(canonical)
         found(
             "jobs",
             job_id,
             f"job {job_id} has its id stored as non-canonical text, so get_job and "
             f"record_job_outcome cannot find it; rewrite it as '{canonical}'",
         )
-    for job_id, run_id, has_outcome in conn.execute(CHECK_ORPHAN_JOBS):
-        job = _id_text(job_id)
-        message, parent = _missing_run(conn, run_id, respelled)
-        found("jobs", job, f"job {job} {message}")
-        if parent is not None:  # re-attached to its run, stored canonically or respelled
-            move(respelled.get(parent, parent), has_outcome, 1)
+    unreadable_runs: list[object] = []  # ids that are no UUID: no repair can be judged by them
     decoders = (
         (SELECT_ALL_RUNS, _codec.decode_run, _codec.check_run_as_spelt),
         (SELECT_ALL_JOBS, _codec.decode_job, _codec.check_job_as_spelt),
@@ -1320,8 +1318,27 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
                     check_as_spelt(row)
             except CorruptRowError as exc:
                 found(exc.table, exc.row_id, str(exc))
+                if exc.table == "runs" and exc.column == "id":
+                    unreadable_runs.append(row[0])
+    for job_id, run_id, has_outcome in conn.execute(CHECK_ORPHAN_JOBS):
+        if job_id in job_copies:  # to be deleted, as its own finding says
+            continue
+        job = _id_text(job_id)
+        message, parent = _missing_run(conn, run_id, respelled)
+        if parent is None and unreadable_runs:
+            shown = ", ".join(_id_text(run) for run in unreadable_runs[:3])
+            message += (
+                f"; but first repair the run ids found unreadable ({shown}"
+                f"{', ...' if len(unreadable_runs) > 3 else ''}): one may be this job's run"
+            )
+        found("jobs", job, f"job {job} {message}")
+        if parent is not None:  # re-attached to its run, stored canonically or respelled
+            move(respelled.get(parent, parent), has_outcome, 1)
+    # A copy is to be deleted; a run whose id is unreadable has its jobs counted once that id
+    # is repaired (they may refer to it by its right text). Any SQLite value is hashable.
+    skipped: set[object] = {*copies, *unreadable_runs}
     for row in conn.execute(CHECK_RUN_COUNTERS):
-        if row[0] in copies:
+        if row[0] in skipped:
             continue
         if (delta := moved.get(row[0])) is not None:
             row = (*row[:4], row[4] + delta[0], row[5] + delta[1], row[6])

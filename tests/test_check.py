@@ -558,3 +558,89 @@ async def test_an_outcome_for_a_job_whose_run_id_is_respelt_names_the_row(db_pat
     with raw_db(db_path) as conn:
         recorded = conn.execute("SELECT count(*) FROM jobs WHERE outcome IS NOT NULL").fetchone()
     assert recorded == (0,)
+
+
+async def test_two_spellings_of_one_id_with_no_canonical_row_rewrite_one_delete_the_other(
+    db_path: Path,
+) -> None:
+    """A run stored upper-case (its jobs follow) and a copy of it in braces; a job stored
+    upper-case and a copy of it as bare hex: the first of each is rewritten, the second is a
+    copy to delete (rewriting both would collide), and after the repairs nothing is found."""
+    run, jobs = await stored_run(db_path)
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("UPDATE runs SET id = upper(id)")
+        conn.execute("UPDATE jobs SET run_id = upper(run_id)")
+        conn.execute(
+            "INSERT INTO runs (id, manifest, models, epochs, job_count, status, created_at, "
+            "done_count, job_rows) SELECT '{' || lower(id) || '}', manifest, models, epochs, "
+            "job_count, status, created_at, done_count, job_rows FROM runs"
+        )
+        conn.execute("UPDATE jobs SET id = upper(id) WHERE id = ?", (str(jobs[0].id),))
+        conn.execute(
+            "INSERT INTO jobs (id, run_id, spec, status, attempt) SELECT "
+            "replace(lower(id), '-', ''), run_id, spec, status, attempt FROM jobs WHERE id = ?",
+            (str(jobs[0].id).upper(),),
+        )
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    messages = {(p.table, p.row_id): p.message for p in problems}
+    assert len(messages) == len(problems) == 4
+    assert "rewrite it as" in messages[("runs", str(run.id).upper())]
+    assert "a second row for run" in messages[("runs", "{" + str(run.id) + "}")]
+    assert "rewrite it as" in messages[("jobs", str(jobs[0].id).upper())]
+    assert "a second row for job" in messages[("jobs", jobs[0].id.hex)]
+    _follow(db_path, problems)
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        assert [job.id for job in await store.list_jobs(run.id)] == [job.id for job in jobs]
+
+
+async def test_a_job_copy_whose_run_id_is_respelt_too_is_only_to_be_deleted(
+    db_path: Path,
+) -> None:
+    """A hand copy of a job under its upper-case id and its run's upper-case id, the run
+    stored canonically: one finding, delete the copy; the run's counters are judged without
+    it (they were told to count it, and after the delete, not to)."""
+    run, jobs = await stored_run(db_path)
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute(
+            "INSERT INTO jobs (id, run_id, spec, status, attempt) SELECT upper(id), "
+            "upper(run_id), spec, status, attempt FROM jobs WHERE id = ?",
+            (str(jobs[0].id),),
+        )
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    assert [(p.table, p.row_id) for p in problems] == [("jobs", str(jobs[0].id).upper())]
+    assert "a second row for job" in problems[0].message
+    _follow(db_path, problems)
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        assert await store.get_run(run.id) is not None
+
+
+async def test_a_run_whose_id_is_unreadable_gets_no_counter_advice(db_path: Path) -> None:
+    """A run id edited into text that is no UUID (a trailing space), its jobs left pointing at
+    the right id: the run is reported unreadable, its counters are not judged (its jobs do
+    not refer to it as stored), and its jobs are told to look at that run first; once the id
+    is repaired, nothing is found."""
+    run, jobs = await stored_run(db_path)
+    async with Store.connect(db_path) as store:
+        assert await store.record_job_outcome(run.id, JobOutcome(jobs[0].id))
+    bad = str(run.id)[:-1] + " "
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("UPDATE runs SET id = ?", (bad,))
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    messages = {(p.table, p.row_id): p.message for p in problems}
+    assert "expected a UUID" in messages.pop(("runs", bad))
+    for job in jobs:
+        message = messages.pop(("jobs", str(job.id)))
+        assert f"but first repair the run ids found unreadable ({bad})" in message
+    assert messages == {}
+    with raw_db(db_path) as conn:
+        conn.execute("UPDATE runs SET id = ?", (str(run.id),))
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
