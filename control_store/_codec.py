@@ -566,7 +566,7 @@ def corrupt_row(
 # braces) would come back from a list or a claim, and then be found by no call given it.
 NOT_CANONICAL: Final = (
     "expected canonical UUID text, lower case and hyphenated: an id spelt otherwise is never "
-    "found by id; Store.check() says how to repair it"
+    "found by id; Store.check() (control-store check) says how to repair it"
 )
 _UUID_LENGTH: Final = 36
 

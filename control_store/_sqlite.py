@@ -1099,6 +1099,12 @@ def op_job_page(
     return _codec.decode_keyed_jobs(rows), rows[-1][0]
 
 
+# For a run the caller did insert, which its id does not find: its row was edited by hand.
+_IF_INSERTED: Final = (
+    "if you did, its row was edited by hand: check() names it; do not insert it again"
+)
+
+
 def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
     # executemany pulls one row at a time through map, so any iterable streams in bounded
     # memory, with no generator frame per row; last() is the row being inserted when a
@@ -1117,7 +1123,7 @@ def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
         if failed is not None and name == "SQLITE_CONSTRAINT_FOREIGNKEY":
             raise MissingRunError(
                 f"job {failed[0]} refers to run {failed[1]}, which does not exist; no job of "
-                "this call was inserted: insert the run first"
+                f"this call was inserted: insert the run first ({_IF_INSERTED})"
             ) from exc
         raise
     for run_id, added in per_run().items():
@@ -1133,7 +1139,7 @@ def _refuse_job_rows(run_id: str, added: int, conn: sqlite3.Connection) -> NoRet
         (job_id,) = conn.execute(SELECT_NEWEST_JOB_OF_RUN, (run_id,)).fetchone()
         raise MissingRunError(
             f"job {job_id} refers to run {run_id}, which does not exist; no job of this call "
-            "was inserted: insert the run first"
+            f"was inserted: insert the run first ({_IF_INSERTED})"
         )
     job_count, job_rows = row
     for value, column in ((job_count, "job_count"), (job_rows, "job_rows")):
@@ -1531,7 +1537,8 @@ def _why_unrecorded(run_id: str, job_id: str, conn: sqlite3.Connection) -> None:
     if row is None:
         raise NotFoundError(
             f"job {job_id} does not exist (outcome reported for run {run_id}); nothing was "
-            "recorded: check the job id the worker reported"
+            "recorded: check the job id the worker reported (if it is right, the job's row "
+            "was edited by hand: check() names it)"
         )
     _codec.stored_uuid("jobs", "run_id", job_id, row[0])  # canonical text, or CorruptRowError
     if row[0] != run_id:
@@ -1560,7 +1567,14 @@ def _refuse_corrupt_counters(run_id: str, job_id: str, conn: sqlite3.Connection)
     """
     row = _leniently(conn, lambda: conn.execute(SELECT_RUN_COUNTERS, (run_id,)).fetchone())
     if row is None:  # only if the run was deleted with foreign keys off
-        raise _codec.corrupt_row("jobs", "run_id", job_id, run_id, "its run does not exist")
+        raise _codec.corrupt_row(
+            "jobs",
+            "run_id",
+            job_id,
+            run_id,
+            "no run is stored under this id: it was deleted, or its id edited by hand, as "
+            "check() tells",
+        )
     for index, column in ((1, "job_count"), (2, "done_count")):
         if not isinstance(row[index], int):
             raise _codec.corrupt_row("runs", column, run_id, row[index], "expected an integer")

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 
 import msgspec
 
-from . import _sqlite
+from . import _codec, _sqlite
 from ._store import Store, connect_any_version
 from .errors import ControlError, DatabaseBusyError, NotFoundError, PendingMigrationError
 from .models import JobOutcome, JobStatus, Run, RunStatus
@@ -793,12 +793,13 @@ def _seconds(text: str) -> float:
 
 
 def _run_id(text: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(text)
-    except ValueError:
+    # Not uuid.UUID(text): it also reads ' ', '+', '_' and non-ASCII digits, as another id.
+    parsed = _codec.spelt_uuid(text)
+    if parsed is None:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a run id; run ids are UUIDs, as '{PROG} runs' lists them"
-        ) from None
+        )
+    return parsed
 
 
 def _common(busy_timeout_default: str) -> argparse.ArgumentParser:

@@ -10,7 +10,14 @@ from typing import Final
 
 import pytest
 
-from control_store import CorruptRowError, JobOutcome, Problem, Store
+from control_store import (
+    CorruptRowError,
+    JobOutcome,
+    MissingRunError,
+    NotFoundError,
+    Problem,
+    Store,
+)
 
 from conftest import make_jobs, make_run, orphaned_jobs, raw_db, stored_run
 
@@ -644,3 +651,27 @@ async def test_a_run_whose_id_is_unreadable_gets_no_counter_advice(db_path: Path
         conn.execute("UPDATE runs SET id = ?", (str(run.id),))
     async with Store.connect(db_path) as store:
         assert await store.check() == []
+
+
+async def test_calls_that_miss_a_respelt_row_say_it_may_be_a_hand_edit(db_path: Path) -> None:
+    """Calls that look a row up by the id the caller rightly gives, and miss it because a hand
+    edit respelt the stored id, do not blame the caller alone: each error says the row may have
+    been edited by hand and that check() names it; insert_jobs no longer only says to insert
+    the run (again), and nothing is written."""
+    run, jobs = await stored_run(db_path)
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("UPDATE runs SET id = upper(id)")  # its jobs keep the canonical run_id
+        conn.execute("UPDATE jobs SET id = upper(id) WHERE id = ?", (str(jobs[0].id),))
+    extra = make_jobs(run, 1)
+    async with Store.connect(db_path) as store:
+        with pytest.raises(MissingRunError, match=r"edited by hand: check\(\) names it; do not"):
+            await store.insert_jobs(extra)
+        with pytest.raises(NotFoundError, match=r"edited by hand: check\(\) names it"):
+            await store.record_job_outcome(run.id, JobOutcome(jobs[0].id))
+        with pytest.raises(CorruptRowError, match=r"its id edited by hand, as check\(\) tells"):
+            await store.record_job_outcome(run.id, JobOutcome(jobs[1].id))
+    with raw_db(db_path) as conn:
+        assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (2,)
+        recorded = conn.execute("SELECT count(*) FROM jobs WHERE outcome IS NOT NULL").fetchone()
+    assert recorded == (0,)

@@ -454,6 +454,10 @@ def test_a_locked_database_fails_in_one_line_naming_the_option(
         ["runs", "--status", "paused"],
         ["show"],
         ["show", "not-a-uuid"],
+        # uuid.UUID() would read these as other ids: int(x, 16) takes ' ', '+' and '_'.
+        ["show", "0f8fad5b-d9cb-469f-a165-70867728950 "],
+        ["show", "+f8fad5b-d9cb-469f-a165-70867728950e"],
+        ["show", "0f8fad5b-_9cb-469f-a165-70867728950e"],
         ["demo", "--death-rate", "1.5"],
         ["demo", "--runs", "many"],
         ["check", "--busy-timeout", "-1"],

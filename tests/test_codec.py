@@ -390,7 +390,7 @@ def test_an_id_spelt_otherwise_than_canonically_is_refused_by_every_decoder(
             with pytest.raises(CorruptRowError, match="canonical UUID text") as caught:
                 call()
             assert caught.value.column == column
-            assert "Store.check() says how to repair it" in str(caught.value)
+            assert "Store.check() (control-store check) says how" in str(caught.value)
 
 
 def test_batch_decoders_take_the_fast_path_for_sound_rows() -> None:
