@@ -214,6 +214,10 @@ SELECT_MISSING_RUN: Final = "SELECT 1 FROM runs WHERE id = ?"
 SELECT_JOB_EXISTS: Final = "SELECT 1 FROM jobs WHERE id = ?"
 # check(): what a job stored twice adds to its run's counts.
 SELECT_JOB_COUNTS: Final = "SELECT run_id, outcome IS NOT NULL FROM jobs WHERE id = ?"
+# check(): what the jobs of a run stored twice add to the counts of the row that stays.
+SELECT_RUN_JOB_COUNTS: Final = (
+    "SELECT COALESCE(SUM(outcome IS NOT NULL), 0), COUNT(*) FROM jobs WHERE run_id = ?"
+)
 
 # What a database holds besides SQLite's own objects (sqlite_schema is sqlite_master's
 # other name since 3.33; our floor is 3.35).
@@ -1101,7 +1105,7 @@ def op_job_page(
 
 # For a run the caller did insert, which its id does not find: its row was edited by hand.
 _IF_INSERTED: Final = (
-    "if you did, its row was edited by hand: check() names it; do not insert it again"
+    "if you did, and check() names its row as edited by hand, repair that row instead"
 )
 
 
@@ -1244,7 +1248,25 @@ def op_check(conn: sqlite3.Connection) -> list[Problem]:
 
 def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], None]) -> None:
     """The row-level half of op_check: id spellings, missing runs, readable rows, counters,
-    outcomes (the list is Store.check's docstring)."""
+    outcomes (the list is Store.check's docstring).
+
+    Findings that change an id come last, in an order that lets each repair be made as
+    written: first every finding that names a row by its id as stored, then the id rewrites,
+    then the jobs re-attached to rewritten runs, then the copies to delete.
+    """
+    rewrites: list[tuple[str, object, str]] = []  # run and job ids, to canonical text
+    attached: list[tuple[str, object, str]] = []  # orphan jobs: their repairs
+    deletions: list[tuple[str, object, str]] = []  # second copies of rows
+    # What the repairs found here change in each run's counts, by the run's id as stored:
+    # [done, total] to add to what CHECK_RUN_COUNTERS counts, so that its counter findings
+    # already hold once those repairs are made (rare: only after hand edits of ids).
+    moved: dict[object, list[int]] = {}
+
+    def move(run_id: object, done: int, total: int) -> None:
+        counts = moved.setdefault(run_id, [0, 0])
+        counts[0] += done
+        counts[1] += total
+
     # The canonical text of each run id stored otherwise, to the text it is stored as.
     respelled: dict[str, str] = {}
     copies: set[str] = set()  # second rows of a run, to be deleted: no counter findings
@@ -1253,60 +1275,78 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
             continue
         if canonical in respelled or conn.execute(SELECT_MISSING_RUN, (canonical,)).fetchone():
             # Rewriting it would collide with the row already there, or with an earlier row
-            # rewritten to the same id (rows in rowid order): it is a second copy.
+            # rewritten to the same id (rows in rowid order): it is a second copy. Its jobs
+            # go to that row, and count there.
             copies.add(run_id)
-            found(
-                "runs",
-                run_id,
-                f"run {run_id} is a second row for run {canonical}, under its id in "
-                "non-canonical text (a hand insert); delete it: give its jobs, if it has any, "
-                f"run_id '{canonical}' (or delete them), then DELETE FROM runs WHERE id = "
-                f"'{run_id}'; then run check() again",
+            done, total = conn.execute(SELECT_RUN_JOB_COUNTS, (run_id,)).fetchone()
+            move(respelled.get(canonical, canonical), done, total)
+            deletions.append(
+                (
+                    "runs",
+                    run_id,
+                    f"run {run_id} is a second row for run {canonical}, under its id in "
+                    "non-canonical text (a hand insert); delete it: give its jobs, if it has any, "
+                    f"run_id '{canonical}' (or delete them), then DELETE FROM runs WHERE id = "
+                    f"'{run_id}'; then run check() again",
+                )
             )
             continue
         respelled[canonical] = run_id
-        found(
-            "runs",
-            run_id,
-            f"run {run_id} has its id stored as non-canonical text, so get_run and "
-            f"insert_jobs cannot find it; rewrite it as '{canonical}', in runs.id and in "
-            "jobs.run_id of its jobs, in one transaction after PRAGMA defer_foreign_keys = ON",
+        rewrites.append(
+            (
+                "runs",
+                run_id,
+                f"run {run_id} has its id stored as non-canonical text, so get_run and "
+                f"insert_jobs cannot find it; rewrite it as '{canonical}', in runs.id and in "
+                "jobs.run_id of its jobs, in one transaction after PRAGMA defer_foreign_keys = ON",
+            )
         )
-    # What the repairs found here change in each run's counts, by the run's id as stored:
-    # [done, total] to add to what CHECK_RUN_COUNTERS counts, so that its counter findings
-    # already hold once those repairs are made (rare: only after hand edits of ids).
-    moved: dict[object, list[int]] = {}
-
-    def move(run_id: object, has_outcome: int, sign: int) -> None:
-        counts = moved.setdefault(run_id, [0, 0])
-        counts[0] += sign * has_outcome
-        counts[1] += sign
-
     job_copies: set[str] = set()
-    respelled_jobs: set[str] = set()  # canonical ids that a job's finding rewrites a row to
+    # Canonical ids that a finding rewrites a job to, to that job's text as stored.
+    respelled_jobs: dict[str, str] = {}
+    # Jobs whose outcome their copy's deletion moves over: no status finding of their own.
+    outcome_moved: set[str] = set()
     for (job_id,) in conn.execute(CHECK_NONCANONICAL_JOB_IDS, (UUID_SHAPE_GLOB,)):
         if (canonical := _canonical_uuid(job_id)) is None:
             continue
-        if canonical in respelled_jobs or conn.execute(SELECT_JOB_EXISTS, (canonical,)).fetchone():
+        kept = respelled_jobs.get(canonical)
+        if kept is not None or conn.execute(SELECT_JOB_EXISTS, (canonical,)).fetchone():
+            kept = canonical if kept is None else kept
             job_copies.add(job_id)
             run_id, has_outcome = conn.execute(SELECT_JOB_COUNTS, (job_id,)).fetchone()
-            move(run_id, has_outcome, -1)  # to be deleted
-            found(
-                "jobs",
-                job_id,
-                f"job {job_id} is a second row for job {canonical}, under its id in "
-                f"non-canonical text (a hand insert); delete it: DELETE FROM jobs WHERE id = "
-                f"'{job_id}'; then run check() again",
+            move(run_id, -has_outcome, -1)  # to be deleted
+            kept_run, kept_outcome = conn.execute(SELECT_JOB_COUNTS, (kept,)).fetchone()
+            save = ""
+            if has_outcome and not kept_outcome:
+                # The only recorded outcome: it moves to the row that stays, never lost.
+                outcome_moved.add(kept)
+                move(kept_run, 1, 0)
+                save = (
+                    f"first move its outcome, the only one recorded, to job {canonical}: "
+                    f"UPDATE jobs SET outcome = (SELECT outcome FROM jobs WHERE id = "
+                    f"'{job_id}'), status = 'done' WHERE id = '{canonical}'; then "
+                )
+            deletions.append(
+                (
+                    "jobs",
+                    job_id,
+                    f"job {job_id} is a second row for job {canonical}, under its id in "
+                    f"non-canonical text (a hand insert); delete it: {save}DELETE FROM jobs WHERE "
+                    f"id = '{job_id}'; then run check() again",
+                )
             )
             continue
-        respelled_jobs.add(canonical)
-        found(
-            "jobs",
-            job_id,
-            f"job {job_id} has its id stored as non-canonical text, so get_job and "
-            f"record_job_outcome cannot find it; rewrite it as '{canonical}'",
+        respelled_jobs[canonical] = job_id
+        rewrites.append(
+            (
+                "jobs",
+                job_id,
+                f"job {job_id} has its id stored as non-canonical text, so get_job and "
+                f"record_job_outcome cannot find it; rewrite it as '{canonical}'",
+            )
         )
     unreadable_runs: list[object] = []  # ids that are no UUID: no repair can be judged by them
+    unreadable_parents = False  # a job's run_id is no UUID: its run is unknown
     decoders = (
         (SELECT_ALL_RUNS, _codec.decode_run, _codec.check_run_as_spelt),
         (SELECT_ALL_JOBS, _codec.decode_job, _codec.check_job_as_spelt),
@@ -1317,15 +1357,17 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
                 try:
                     decode(row)
                 except CorruptRowError as exc:
-                    # An id in another spelling of its UUID was reported above, with its
+                    # An id in another spelling of its UUID has its own finding, with its
                     # rewrite: the rest of the row is judged as it stands.
                     if not _respelt_id(exc):
                         raise
                     check_as_spelt(row)
             except CorruptRowError as exc:
                 found(exc.table, exc.row_id, str(exc))
-                if exc.table == "runs" and exc.column == "id":
+                if exc.column == "id" and exc.table == "runs":
                     unreadable_runs.append(row[0])
+                elif exc.column == "run_id" and _canonical_uuid(exc.value) is None:
+                    unreadable_parents = True
     for job_id, run_id, has_outcome in conn.execute(CHECK_ORPHAN_JOBS):
         if job_id in job_copies:  # to be deleted, as its own finding says
             continue
@@ -1337,20 +1379,21 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
                 f"; but first repair the run ids found unreadable ({shown}"
                 f"{', ...' if len(unreadable_runs) > 3 else ''}): one may be this job's run"
             )
-        found("jobs", job, f"job {job} {message}")
+        attached.append(("jobs", job, f"job {job} {message}"))
         if parent is not None:  # re-attached to its run, stored canonically or respelled
             move(respelled.get(parent, parent), has_outcome, 1)
     # A copy is to be deleted; a run whose id is unreadable has its jobs counted once that id
     # is repaired (they may refer to it by its right text). Any SQLite value is hashable.
+    # While some job's run_id is no UUID, no run's counters can be judged: it may be any's.
     skipped: set[object] = {*copies, *unreadable_runs}
     for row in conn.execute(CHECK_RUN_COUNTERS):
-        if row[0] in skipped:
+        if unreadable_parents or row[0] in skipped:
             continue
         if (delta := moved.get(row[0])) is not None:
             row = (*row[:4], row[4] + delta[0], row[5] + delta[1], row[6])
         _check_counters(row, found)
     for job_id, status, has_outcome in conn.execute(CHECK_JOB_OUTCOMES):
-        if job_id in job_copies:
+        if job_id in job_copies or job_id in outcome_moved:
             continue
         # The status follows the outcome, never the reverse: a recorded outcome stands, and a
         # job without one has not run. CHECK_RUN_COUNTERS counts by outcome for the same reason,
@@ -1360,6 +1403,8 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
         else:
             what, fix = "has no outcome", "set its status to 'queued' for it to run again"
         found("jobs", _id_text(job_id), f"job {_id_text(job_id)} is {status!r} but {what}; {fix}")
+    for finding in (*rewrites, *attached, *deletions):
+        found(*finding)
 
 
 def _check_counters(row: Sequence[Any], found: Callable[[str, object, str], None]) -> None:
@@ -1421,10 +1466,10 @@ def _missing_run(
     """
     canonical = _canonical_uuid(run_id)
     if canonical is None:  # no UUID: the decoder's finding says so too
-        run = _id_text(run_id)
         return (
-            f"refers to run {run}, which does not exist; restore run {run} from a backup, or "
-            "delete this job"
+            f"has run_id {_id_text(run_id)}, which is no run's id (no UUID): set it to the id "
+            "of the run it belongs to, or delete this job; no run's counters are judged until "
+            "then"
         ), None
     rewrite = "" if canonical == run_id else f" and rewrite its run_id as '{canonical}'"
     if (stored := respelled.get(canonical)) is not None:
@@ -1572,8 +1617,8 @@ def _refuse_corrupt_counters(run_id: str, job_id: str, conn: sqlite3.Connection)
             "run_id",
             job_id,
             run_id,
-            "no run is stored under this id: it was deleted, or its id edited by hand, as "
-            "check() tells",
+            "no run is stored under this id: the run was deleted, or its id edited by hand, "
+            "as check() tells",
         )
     for index, column in ((1, "job_count"), (2, "done_count")):
         if not isinstance(row[index], int):

@@ -17,6 +17,7 @@ from control_store import (
     NotFoundError,
     Problem,
     Store,
+    _codec,
 )
 
 from conftest import make_jobs, make_run, orphaned_jobs, raw_db, stored_run
@@ -59,7 +60,7 @@ async def _edit(store: Store, sql: str, *params: object) -> None:
             r"has all 1 jobs done but is 'running'; set its status to 'done'",
         ),
         ("UPDATE runs SET job_count = 2", r"has job_count 2 but 3 jobs; delete the jobs"),
-        ("UPDATE jobs SET run_id = 'gone'", r"refers to run gone, which does not exist; restore"),
+        ("UPDATE jobs SET run_id = 'gone'", r"has run_id gone, which is no run's id \(no UUID\)"),
         ("UPDATE runs SET epochs = 'many'", r"runs\.epochs of row \S+ holds 'many'"),
         ("UPDATE runs SET id = upper(id)", r"has its id stored as non-canonical text"),
         ("UPDATE jobs SET id = upper(id)", r"has its id stored as non-canonical text"),
@@ -236,6 +237,10 @@ _SET_RUN_ID: Final = re.compile(r"rewrite its run_id as '([0-9a-f-]{36})'")
 _DELETE_ROW: Final = re.compile(r"a second row for \w+ (\S+),.* DELETE FROM (\w+) WHERE id")
 
 
+# "first move its outcome ...: UPDATE jobs SET outcome = (...) ... WHERE id = '...'; then".
+_MOVE_OUTCOME: Final = re.compile(r"(UPDATE jobs SET outcome = .*? WHERE id = '[^']+'); then")
+
+
 def _follow(db_path: Path, problems: list[Problem]) -> None:
     """Apply, by hand, the repair each finding describes (fails on a finding without one)."""
     with raw_db(db_path) as conn:
@@ -251,6 +256,8 @@ def _follow(db_path: Path, problems: list[Problem]) -> None:
             elif table == "jobs" and (job_id := _SET_ID.search(problem.message)):
                 conn.execute("UPDATE jobs SET id = ? WHERE id = ?", (job_id[1], row_id))
             elif delete := _DELETE_ROW.search(problem.message):
+                if moved := _MOVE_OUTCOME.search(problem.message):
+                    conn.execute(moved[1])  # the outcome the copy alone holds, kept
                 canonical, table_named = delete[1], delete[2]
                 if table_named == "runs":  # its jobs first, as the finding says
                     conn.execute("UPDATE jobs SET run_id = ? WHERE run_id = ?", (canonical, row_id))
@@ -665,13 +672,110 @@ async def test_calls_that_miss_a_respelt_row_say_it_may_be_a_hand_edit(db_path: 
         conn.execute("UPDATE jobs SET id = upper(id) WHERE id = ?", (str(jobs[0].id),))
     extra = make_jobs(run, 1)
     async with Store.connect(db_path) as store:
-        with pytest.raises(MissingRunError, match=r"edited by hand: check\(\) names it; do not"):
+        with pytest.raises(MissingRunError, match=r"names its row as edited by hand, repair"):
             await store.insert_jobs(extra)
         with pytest.raises(NotFoundError, match=r"edited by hand: check\(\) names it"):
             await store.record_job_outcome(run.id, JobOutcome(jobs[0].id))
-        with pytest.raises(CorruptRowError, match=r"its id edited by hand, as check\(\) tells"):
+        with pytest.raises(CorruptRowError, match=r"or its id edited by hand, as check\(\) tells"):
             await store.record_job_outcome(run.id, JobOutcome(jobs[1].id))
     with raw_db(db_path) as conn:
         assert conn.execute("SELECT count(*) FROM jobs").fetchone() == (2,)
         recorded = conn.execute("SELECT count(*) FROM jobs WHERE outcome IS NOT NULL").fetchone()
     assert recorded == (0,)
+
+
+async def test_a_job_copy_holding_the_only_outcome_hands_it_over_before_it_goes(
+    db_path: Path,
+) -> None:
+    """A hand copy of a queued job, under its upper-case id, holds an outcome the job lacks
+    (and the run counts it): the copy's finding moves that outcome to the job before deleting
+    the copy, so following it loses no recorded result, and nothing else is to be repaired."""
+    _, jobs = await stored_run(db_path)
+    outcome = _codec.outcome_json(JobOutcome(jobs[0].id, score=0.5))
+    with raw_db(db_path) as conn:
+        conn.execute(
+            "INSERT INTO jobs (id, run_id, spec, status, attempt, outcome) SELECT upper(id), "
+            "run_id, spec, 'done', attempt, ? FROM jobs WHERE id = ?",
+            (outcome, str(jobs[0].id)),
+        )
+        conn.execute("UPDATE runs SET done_count = 1")
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    assert [(p.table, p.row_id) for p in problems] == [("jobs", str(jobs[0].id).upper())]
+    assert "first move its outcome, the only one recorded" in problems[0].message
+    _follow(db_path, problems)
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        kept = await store.get_job(jobs[0].id)
+        assert kept is not None
+        assert kept.outcome == JobOutcome(jobs[0].id, score=0.5)
+
+
+async def test_a_run_copy_owning_jobs_counts_them_where_they_go(db_path: Path) -> None:
+    """A finished run, a hand copy of it under its upper-case id, and one of its jobs moved to
+    the copy: the only finding is the copy's (its jobs go to the run, then it is deleted); the
+    run's counters and status are judged with those jobs, so no finding undoes another."""
+    run, jobs = await stored_run(db_path)
+    async with Store.connect(db_path) as store:
+        await store.record_job_outcomes(run.id, [JobOutcome(job.id) for job in jobs])
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute(
+            "INSERT INTO runs (id, manifest, models, epochs, job_count, status, created_at, "
+            "done_count, job_rows) SELECT upper(id), manifest, models, epochs, job_count, "
+            "status, created_at, done_count, job_rows FROM runs"
+        )
+        conn.execute("UPDATE jobs SET run_id = upper(run_id) WHERE id = ?", (str(jobs[1].id),))
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    assert [(p.table, p.row_id) for p in problems] == [("runs", str(run.id).upper())]
+    _follow(db_path, problems)
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        stored = await store.get_run(run.id)
+        assert stored is not None
+        assert (stored.status, stored.done_count) == ("done", 2)
+
+
+async def test_repairs_made_in_the_order_given_name_rows_that_still_exist(
+    db_path: Path,
+) -> None:
+    """A run and a job stored upper-case, the job 'done' with no outcome, the run's job_rows
+    wrong: the findings that name rows by their ids as stored come before the rewrites of
+    those ids, so each repair, made as written and in order, finds its row."""
+    _, jobs = await stored_run(db_path)
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("UPDATE runs SET id = upper(id), job_rows = 7")
+        conn.execute("UPDATE jobs SET run_id = upper(run_id)")
+        conn.execute(
+            "UPDATE jobs SET id = upper(id), status = 'done' WHERE id = ?", (str(jobs[0].id),)
+        )
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    kinds = ["rewrite it as" in p.message for p in problems]
+    assert kinds == [False, False, True, True]  # job_rows, the status; then the two rewrites
+    _follow(db_path, problems)
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+
+
+async def test_a_job_whose_run_id_is_no_uuid_holds_off_counter_advice(db_path: Path) -> None:
+    """A recorded job whose run_id gets a stray space: its run's counters are not judged (the
+    job is still counted there, once repaired), and the job is told to take its run's id, not
+    to restore a run of that name; once it does, nothing is found."""
+    run, jobs = await stored_run(db_path)
+    async with Store.connect(db_path) as store:
+        await store.record_job_outcome(run.id, JobOutcome(jobs[0].id))
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("UPDATE jobs SET run_id = run_id || ' ' WHERE id = ?", (str(jobs[0].id),))
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    assert {(p.table, p.row_id) for p in problems} == {("jobs", str(jobs[0].id))}
+    assert any("which is no run's id (no UUID)" in p.message for p in problems)
+    assert not any("restore run" in p.message for p in problems)
+    with raw_db(db_path) as conn:
+        conn.execute("UPDATE jobs SET run_id = ? WHERE id = ?", (str(run.id), str(jobs[0].id)))
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
