@@ -1269,7 +1269,9 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
 
     # The canonical text of each run id stored otherwise, to the text it is stored as.
     respelled: dict[str, str] = {}
-    copies: set[str] = set()  # second rows of a run, to be deleted: no counter findings
+    # Second rows of a run, to be deleted (no counter findings), to the id as stored of the row
+    # that stays, where their jobs go.
+    copies: dict[str, str] = {}
     for (run_id,) in conn.execute(CHECK_NONCANONICAL_RUN_IDS, (UUID_SHAPE_GLOB,)):
         if (canonical := _canonical_uuid(run_id)) is None:
             continue
@@ -1277,9 +1279,9 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
             # Rewriting it would collide with the row already there, or with an earlier row
             # rewritten to the same id (rows in rowid order): it is a second copy. Its jobs
             # go to that row, and count there.
-            copies.add(run_id)
+            copies[run_id] = respelled.get(canonical, canonical)
             done, total = conn.execute(SELECT_RUN_JOB_COUNTS, (run_id,)).fetchone()
-            move(respelled.get(canonical, canonical), done, total)
+            move(copies[run_id], done, total)
             deletions.append(
                 (
                     "runs",
@@ -1314,13 +1316,16 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
             kept = canonical if kept is None else kept
             job_copies.add(job_id)
             run_id, has_outcome = conn.execute(SELECT_JOB_COUNTS, (job_id,)).fetchone()
-            move(run_id, -has_outcome, -1)  # to be deleted
+            # To be deleted: uncounted where it is counted (a run copy's jobs count in the run
+            # that stays).
+            move(copies.get(run_id, run_id), -has_outcome, -1)
             kept_run, kept_outcome = conn.execute(SELECT_JOB_COUNTS, (kept,)).fetchone()
             save = ""
-            if has_outcome and not kept_outcome:
-                # The only recorded outcome: it moves to the row that stays, never lost.
+            if has_outcome and not kept_outcome and kept not in outcome_moved:
+                # The only recorded outcome: it moves to the row that stays, never lost (from
+                # the first copy holding one: the first outcome stands).
                 outcome_moved.add(kept)
-                move(kept_run, 1, 0)
+                move(_home(conn, kept_run, respelled, copies), 1, 0)
                 save = (
                     f"first move its outcome, the only one recorded, to job {canonical}: "
                     f"UPDATE jobs SET outcome = (SELECT outcome FROM jobs WHERE id = "
@@ -1403,8 +1408,34 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
         else:
             what, fix = "has no outcome", "set its status to 'queued' for it to run again"
         found("jobs", _id_text(job_id), f"job {_id_text(job_id)} is {status!r} but {what}; {fix}")
-    for finding in (*rewrites, *attached, *deletions):
+    for table, row_id, message in rewrites:
+        if table == "runs" and unreadable_runs:
+            shown = ", ".join(_id_text(run) for run in unreadable_runs[:3])
+            message += (
+                f"; but first repair the run ids found unreadable ({shown}"
+                f"{', ...' if len(unreadable_runs) > 3 else ''}): if one is this run, this row "
+                "is a second copy, and check() then says so"
+            )
+        found(table, row_id, message)
+    for finding in (*attached, *deletions):
         found(*finding)
+
+
+def _home(
+    conn: sqlite3.Connection, run_id: object, respelled: dict[str, str], copies: dict[str, str]
+) -> object:
+    """The id, as stored, of the run row that a job with this run_id counts in once check()'s
+    repairs are made: a run copy's is the row that stays; a respelt run_id's, its run."""
+    if isinstance(run_id, str) and run_id in copies:
+        return copies[run_id]
+    if conn.execute(SELECT_MISSING_RUN, (run_id,)).fetchone():
+        return run_id
+    canonical = _canonical_uuid(run_id)
+    if canonical is None:
+        return run_id
+    if canonical in respelled:
+        return respelled[canonical]
+    return canonical
 
 
 def _check_counters(row: Sequence[Any], found: Callable[[str, object, str], None]) -> None:

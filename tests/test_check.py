@@ -12,6 +12,7 @@ import pytest
 
 from control_store import (
     CorruptRowError,
+    Job,
     JobOutcome,
     MissingRunError,
     NotFoundError,
@@ -779,3 +780,101 @@ async def test_a_job_whose_run_id_is_no_uuid_holds_off_counter_advice(db_path: P
         conn.execute("UPDATE jobs SET run_id = ? WHERE id = ?", (str(run.id), str(jobs[0].id)))
     async with Store.connect(db_path) as store:
         assert await store.check() == []
+
+
+_RUN_COLUMNS: Final = (
+    "manifest, models, epochs, job_count, status, created_at, done_count, job_rows"
+)
+
+
+@pytest.mark.parametrize(
+    "edits",
+    [
+        pytest.param(  # a run copy holding a copy of one of the run's jobs (with its outcome)
+            [
+                f"INSERT INTO runs SELECT upper(id), {_RUN_COLUMNS} FROM runs",
+                "INSERT INTO jobs SELECT upper(id), upper(run_id), spec, status, attempt, "
+                "outcome FROM jobs WHERE outcome IS NOT NULL",
+            ],
+            id="run-copy-holds-job-copy",
+        ),
+        pytest.param(  # two copies of the queued job, each with an outcome the job lacks
+            [
+                "INSERT INTO jobs SELECT upper(id), run_id, spec, 'done', attempt, "
+                "(SELECT outcome FROM jobs WHERE outcome IS NOT NULL) FROM jobs WHERE outcome "
+                "IS NULL",
+                "INSERT INTO jobs SELECT '{' || id || '}', run_id, spec, 'done', attempt, "
+                "(SELECT outcome FROM jobs WHERE outcome IS NOT NULL) FROM jobs WHERE outcome "
+                "IS NULL AND id NOT GLOB '*[A-F{]*'",
+                "UPDATE runs SET done_count = 3",
+            ],
+            id="two-copies-with-outcomes",
+        ),
+        pytest.param(  # the queued job's copy holds the only outcome; the job's run_id respelt
+            [
+                "INSERT INTO jobs SELECT upper(id), run_id, spec, 'done', attempt, "
+                "(SELECT outcome FROM jobs WHERE outcome IS NOT NULL) FROM jobs WHERE outcome "
+                "IS NULL",
+                "UPDATE jobs SET run_id = upper(run_id) WHERE outcome IS NULL",
+                "UPDATE runs SET done_count = 2",
+            ],
+            id="kept-job-orphaned",
+        ),
+        pytest.param(  # as above, the job moved onto a copy of its run
+            [
+                f"INSERT INTO runs SELECT upper(id), {_RUN_COLUMNS} FROM runs",
+                "INSERT INTO jobs SELECT '{' || id || '}', run_id, spec, 'done', attempt, "
+                "(SELECT outcome FROM jobs WHERE outcome IS NOT NULL) FROM jobs WHERE outcome "
+                "IS NULL",
+                "UPDATE jobs SET run_id = upper(run_id) WHERE outcome IS NULL",
+                "UPDATE runs SET done_count = 2 WHERE id = lower(id)",
+            ],
+            id="kept-job-in-run-copy",
+        ),
+    ],
+)
+async def test_copies_of_copies_are_repaired_in_one_round_losing_no_outcome(
+    db_path: Path, edits: list[str]
+) -> None:
+    """Copies of runs and jobs under other spellings, in combinations: the findings, followed
+    once in order, leave nothing to find, and every job that had an outcome (in any copy) has
+    one, each counted once (a job's first outcome stands)."""
+    run, jobs = await stored_run(db_path)
+    async with Store.connect(db_path) as store:
+        await store.record_job_outcome(run.id, JobOutcome(jobs[0].id, score=0.5))
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        for edit in edits:
+            conn.execute(edit)
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    _follow(db_path, problems)
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        kept = await store.get_run(run.id)
+        assert kept is not None
+        recorded = [job for job in await store.list_jobs(run.id) if job.outcome is not None]
+    assert kept.done_count == len(recorded) >= 1
+    assert {job.id for job in await _jobs(db_path)} == {job.id for job in jobs}
+
+
+async def _jobs(path: Path) -> list[Job]:
+    async with Store.connect(path) as store:
+        return [job for run in await store.list_runs() for job in await store.list_jobs(run.id)]
+
+
+async def test_a_rewrite_waits_for_unreadable_run_ids_that_may_be_the_same_run(
+    db_path: Path,
+) -> None:
+    """A run stored as a BLOB of its own id, and a braced copy of it: the copy's rewrite would
+    collide once the BLOB is repaired, so the rewrite says to repair unreadable ids first."""
+    run, _ = await stored_run(db_path)
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute(f"INSERT INTO runs SELECT '{{' || id || '}}', {_RUN_COLUMNS} FROM runs")
+        conn.execute("UPDATE runs SET id = CAST(id AS BLOB) WHERE id = ?", (str(run.id),))
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    [rewrite] = [p for p in problems if p.row_id == "{" + str(run.id) + "}"]
+    assert "rewrite it as" in rewrite.message
+    assert "but first repair the run ids found unreadable" in rewrite.message
