@@ -1379,11 +1379,7 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
         job = _id_text(job_id)
         message, parent = _missing_run(conn, run_id, respelled)
         if parent is None and unreadable_runs:
-            shown = ", ".join(_id_text(run) for run in unreadable_runs[:3])
-            message += (
-                f"; but first repair the run ids found unreadable ({shown}"
-                f"{', ...' if len(unreadable_runs) > 3 else ''}): one may be this job's run"
-            )
+            message += _repair_first(unreadable_runs, "one may be this job's run")
         attached.append(("jobs", job, f"job {job} {message}"))
         if parent is not None:  # re-attached to its run, stored canonically or respelled
             move(respelled.get(parent, parent), has_outcome, 1)
@@ -1410,15 +1406,20 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
         found("jobs", _id_text(job_id), f"job {_id_text(job_id)} is {status!r} but {what}; {fix}")
     for table, row_id, message in rewrites:
         if table == "runs" and unreadable_runs:
-            shown = ", ".join(_id_text(run) for run in unreadable_runs[:3])
-            message += (
-                f"; but first repair the run ids found unreadable ({shown}"
-                f"{', ...' if len(unreadable_runs) > 3 else ''}): if one is this run, this row "
-                "is a second copy, and check() then says so"
+            message += _repair_first(
+                unreadable_runs,
+                "if one is this run, this row is a second copy, as check() then says",
             )
         found(table, row_id, message)
     for finding in (*attached, *deletions):
         found(*finding)
+
+
+def _repair_first(unreadable_runs: list[object], why: str) -> str:
+    """A finding's caveat, while some run ids are unreadable: the first few, and ``why``."""
+    shown = ", ".join(_id_text(run) for run in unreadable_runs[:3])
+    more = ", ..." if len(unreadable_runs) > 3 else ""
+    return f"; but first repair the run ids found unreadable ({shown}{more}): {why}"
 
 
 def _home(
