@@ -547,14 +547,22 @@ def lenient_text(data: bytes) -> str | bytes:
         return data
 
 
+_BY_HAND: Final = "repair the row by hand or restore it from a backup"
+
+
 def corrupt_row(
-    table: str, column: str, row_id: object, value: object, why: str
+    table: str,
+    column: str,
+    row_id: object,
+    value: object,
+    why: str,
+    fix: str = _BY_HAND,
 ) -> CorruptRowError:
     """The error for a stored value this version cannot read."""
     shown = row_id if isinstance(row_id, str) else repr(row_id)
     return CorruptRowError(
         f"{table}.{column} of row {shown} holds {value!r}, which this version "
-        f"cannot read ({why}); repair the row by hand or restore it from a backup",
+        f"cannot read ({why}); {fix}",
         table=table,
         column=column,
         row_id=shown,
@@ -566,7 +574,10 @@ def corrupt_row(
 # braces) would come back from a list or a claim, and then be found by no call given it.
 NOT_CANONICAL: Final = (
     "expected canonical UUID text, lower case and hyphenated: an id spelt otherwise is never "
-    "found by id; Store.check() (control-store check) says how to repair it"
+    "found by id"
+)
+_RESPELL: Final = (
+    "rewrite it, or delete it if it is a second copy, as Store.check() (control-store check) says"
 )
 _UUID_LENGTH: Final = 36
 
@@ -613,8 +624,8 @@ class _Reader:
         self.row = row
         self.canonical = canonical
 
-    def corrupt(self, column: str, value: object, why: str) -> CorruptRowError:
-        return corrupt_row(self.table, column, self.row[0], value, why)
+    def corrupt(self, column: str, value: object, why: str, fix: str = _BY_HAND) -> CorruptRowError:
+        return corrupt_row(self.table, column, self.row[0], value, why, fix)
 
     def uuid(self, index: int, column: str) -> uuid.UUID:
         value = self.row[index]
@@ -624,7 +635,7 @@ class _Reader:
         if parsed is None:
             raise self.corrupt(column, value, "expected a UUID")
         if self.canonical and str(parsed) != value:
-            raise self.corrupt(column, value, NOT_CANONICAL)
+            raise self.corrupt(column, value, NOT_CANONICAL, _RESPELL)
         return parsed
 
     def text(self, index: int, column: str) -> str:

@@ -1251,10 +1251,12 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
     outcomes (the list is Store.check's docstring).
 
     Findings that change an id come last, in an order that lets each repair be made as
-    written: first every finding that names a row by its id as stored, then the id rewrites,
-    then the jobs re-attached to rewritten runs, then the copies to delete.
+    written: first every finding that names a row by its id as stored, then the rewrites of
+    run ids, then the jobs whose run is missing (by their ids as stored; some re-attach to a
+    rewritten run), then the rewrites of job ids, then the copies to delete.
     """
-    rewrites: list[tuple[str, object, str]] = []  # run and job ids, to canonical text
+    rewrites: list[tuple[str, object, str]] = []  # run ids, to canonical text
+    job_rewrites: list[tuple[str, object, str]] = []  # job ids, to canonical text
     attached: list[tuple[str, object, str]] = []  # orphan jobs: their repairs
     deletions: list[tuple[str, object, str]] = []  # second copies of rows
     # What the repairs found here change in each run's counts, by the run's id as stored:
@@ -1342,7 +1344,7 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
             )
             continue
         respelled_jobs[canonical] = job_id
-        rewrites.append(
+        job_rewrites.append(
             (
                 "jobs",
                 job_id,
@@ -1405,13 +1407,13 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
             what, fix = "has no outcome", "set its status to 'queued' for it to run again"
         found("jobs", _id_text(job_id), f"job {_id_text(job_id)} is {status!r} but {what}; {fix}")
     for table, row_id, message in rewrites:
-        if table == "runs" and unreadable_runs:
+        if unreadable_runs:
             message += _repair_first(
                 unreadable_runs,
                 "if one is this run, this row is a second copy, as check() then says",
             )
         found(table, row_id, message)
-    for finding in (*attached, *deletions):
+    for finding in (*attached, *job_rewrites, *deletions):
         found(*finding)
 
 

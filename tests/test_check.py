@@ -878,3 +878,30 @@ async def test_a_rewrite_waits_for_unreadable_run_ids_that_may_be_the_same_run(
     [rewrite] = [p for p in problems if p.row_id == "{" + str(run.id) + "}"]
     assert "rewrite it as" in rewrite.message
     assert "but first repair the run ids found unreadable" in rewrite.message
+
+
+@pytest.mark.parametrize("run_missing", [False, True], ids=["run-stored", "run-missing"])
+async def test_a_respelt_job_whose_run_is_missing_is_repaired_before_its_id_is(
+    db_path: Path, *, run_missing: bool
+) -> None:
+    """Jobs whose ids and run_ids were upper-cased by hand: the findings about their run (a
+    run_id to rewrite, or a run to restore or the job to delete) name them by their ids as
+    stored, so they come before the rewrites of those ids; followed in order, nothing is
+    left to find."""
+    run, jobs = await stored_run(db_path)
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("UPDATE jobs SET id = upper(id), run_id = upper(run_id)")
+        if run_missing:
+            conn.execute("DELETE FROM runs")
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    order = [("rewrite it as" in p.message, p.row_id) for p in problems]
+    assert order == [(False, str(job.id).upper()) for job in jobs] + [
+        (True, str(job.id).upper()) for job in jobs
+    ]
+    if not run_missing:
+        _follow(db_path, problems)
+        async with Store.connect(db_path) as store:
+            assert await store.check() == []
+            assert [job.id for job in await store.list_jobs(run.id)] == [job.id for job in jobs]
