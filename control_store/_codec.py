@@ -550,6 +550,11 @@ def lenient_text(data: bytes) -> str | bytes:
 _BY_HAND: Final = "repair the row by hand or restore it from a backup"
 
 
+def id_text(value: object) -> str:
+    """A stored id as a message shows it: text as is, anything else (bytes, a number) as repr."""
+    return value if isinstance(value, str) else repr(value)
+
+
 def corrupt_row(
     table: str,
     column: str,
@@ -559,13 +564,13 @@ def corrupt_row(
     fix: str = _BY_HAND,
 ) -> CorruptRowError:
     """The error for a stored value this version cannot read."""
-    shown = row_id if isinstance(row_id, str) else repr(row_id)
+    row = id_text(row_id)
     return CorruptRowError(
-        f"{table}.{column} of row {shown} holds {value!r}, which this version "
+        f"{table}.{column} of row {row} holds {value!r}, which this version "
         f"cannot read ({why}); {fix}",
         table=table,
         column=column,
-        row_id=shown,
+        row_id=row,
         value=value,
     )
 
@@ -822,12 +827,13 @@ def decode_run(row: Sequence[Any]) -> Run:
 
 
 def _uuid_if_canonical(text: str) -> uuid.UUID | None:
-    """The UUID whose canonical text ``text`` is; None for any other text."""
+    """The UUID whose canonical text ``text`` is; None for any other text (by the same test
+    as the batch paths': see _canonical_column)."""
     try:
         parsed: uuid.UUID = _convert(text, uuid.UUID)
     except (ValueError, msgspec.DecodeError):
         return None
-    return parsed if uuid_text(parsed) == text else None
+    return parsed if _canonical_column((text,)) else None
 
 
 def _checked_run(row: Sequence[Any], *, canonical: bool = True) -> Run:

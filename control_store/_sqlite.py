@@ -1255,7 +1255,7 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
     run ids, then the jobs whose run is missing (by their ids as stored; some re-attach to a
     rewritten run), then the rewrites of job ids, then the copies to delete.
     """
-    rewrites: list[tuple[str, object, str]] = []  # run ids, to canonical text
+    run_rewrites: list[tuple[str, object, str]] = []  # run ids, to canonical text
     job_rewrites: list[tuple[str, object, str]] = []  # job ids, to canonical text
     attached: list[tuple[str, object, str]] = []  # orphan jobs: their repairs
     deletions: list[tuple[str, object, str]] = []  # second copies of rows
@@ -1296,7 +1296,7 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
             )
             continue
         respelled[canonical] = run_id
-        rewrites.append(
+        run_rewrites.append(
             (
                 "runs",
                 run_id,
@@ -1378,7 +1378,7 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
     for job_id, run_id, has_outcome in conn.execute(CHECK_ORPHAN_JOBS):
         if job_id in job_copies:  # to be deleted, as its own finding says
             continue
-        job = _id_text(job_id)
+        job = _codec.id_text(job_id)
         message, parent = _missing_run(conn, run_id, respelled)
         if parent is None and unreadable_runs:
             message += _repair_first(unreadable_runs, "one may be this job's run")
@@ -1405,8 +1405,12 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
             what, fix = "has an outcome", "set its status to 'done'"
         else:
             what, fix = "has no outcome", "set its status to 'queued' for it to run again"
-        found("jobs", _id_text(job_id), f"job {_id_text(job_id)} is {status!r} but {what}; {fix}")
-    for table, row_id, message in rewrites:
+        found(
+            "jobs",
+            _codec.id_text(job_id),
+            f"job {_codec.id_text(job_id)} is {status!r} but {what}; {fix}",
+        )
+    for table, row_id, message in run_rewrites:
         if unreadable_runs:
             message += _repair_first(
                 unreadable_runs,
@@ -1419,7 +1423,7 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
 
 def _repair_first(unreadable_runs: list[object], why: str) -> str:
     """A finding's caveat, while some run ids are unreadable: the first few, and ``why``."""
-    shown = ", ".join(_id_text(run) for run in unreadable_runs[:3])
+    shown = ", ".join(_codec.id_text(run) for run in unreadable_runs[:3])
     more = ", ..." if len(unreadable_runs) > 3 else ""
     return f"; but first repair the run ids found unreadable ({shown}{more}): {why}"
 
@@ -1449,10 +1453,10 @@ def _check_counters(row: Sequence[Any], found: Callable[[str, object, str], None
     finished. So after every repair these findings give, the next check finds nothing.
     """
     run_id, status, job_count, done_count, done, total, job_rows = row
-    run = f"run {_id_text(run_id)}"
+    run = f"run {_codec.id_text(run_id)}"
 
     def finding(message: str) -> None:
-        found("runs", _id_text(run_id), f"{run} {message}")
+        found("runs", _codec.id_text(run_id), f"{run} {message}")
 
     if done_count != done:
         finding(
@@ -1501,9 +1505,9 @@ def _missing_run(
     canonical = _canonical_uuid(run_id)
     if canonical is None:  # no UUID: the decoder's finding says so too
         return (
-            f"has run_id {_id_text(run_id)}, which is no run's id (no UUID): set it to the id "
-            "of the run it belongs to, or delete this job; no run's counters are judged until "
-            "then"
+            f"has run_id {_codec.id_text(run_id)}, which is no run's id (no UUID): set it to "
+            "the id of the run it belongs to, or delete this job; no run's counters are judged "
+            "until then"
         ), None
     rewrite = "" if canonical == run_id else f" and rewrite its run_id as '{canonical}'"
     if (stored := respelled.get(canonical)) is not None:
@@ -1530,17 +1534,7 @@ def _canonical_uuid(value: object) -> str | None:
 
 def _respelt_id(exc: CorruptRowError) -> bool:
     """Whether ``exc`` refuses an id only for being another spelling of its UUID."""
-    value = exc.value
-    return (
-        exc.column in ("id", "run_id")
-        and isinstance(value, str)
-        and _codec.spelt_uuid(value) is not None
-    )
-
-
-def _id_text(value: object) -> str:
-    """A stored id as a finding shows it: text as is, anything else (bytes, a number) as repr."""
-    return value if isinstance(value, str) else repr(value)
+    return exc.column in ("id", "run_id") and _canonical_uuid(exc.value) is not None
 
 
 def op_claim_next_run(conn: sqlite3.Connection) -> Run | None:
@@ -1645,7 +1639,7 @@ def _refuse_corrupt_counters(run_id: str, job_id: str, conn: sqlite3.Connection)
     that job's (its run_id names no run), so the error names the job, not the absent run.
     """
     row = _leniently(conn, lambda: conn.execute(SELECT_RUN_COUNTERS, (run_id,)).fetchone())
-    if row is None:  # only if the run was deleted with foreign keys off
+    if row is None:  # the run deleted, or its id respelt, by hand with foreign keys off
         raise _codec.corrupt_row(
             "jobs",
             "run_id",

@@ -447,7 +447,8 @@ class Store:
           there is any, the row checks below are skipped, with a finding saying so: they read
           through the damaged structures;
         - a run or job id stored as UUID text in another spelling than the canonical
-          lower-case hyphenated one, which lookups by id cannot find;
+          lower-case hyphenated one, which lookups by id cannot find: to rewrite, or, when
+          that id is taken, a second copy to delete;
         - a job whose run does not exist (or whose run_id spells its run's id otherwise);
         - a value this version cannot read (the column, the value, what was expected);
         - a run whose done_count differs from its jobs with an outcome, whose job_rows differs
@@ -456,7 +457,9 @@ class Store:
         - a job whose status disagrees with its outcome ('done' exactly when it has one).
 
         A run is judged by its jobs with an outcome, never by its stored done_count, which may
-        be the very thing at fault.
+        be the very thing at fault. Findings come in an order in which each repair can be made
+        as written: those naming rows by their ids as stored first, the id rewrites and copies
+        to delete last.
         """
         backend = self._open()
         return await backend.read(_sqlite.op_check)
