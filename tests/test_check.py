@@ -23,6 +23,26 @@ from control_store import (
 
 from conftest import make_jobs, make_run, orphaned_jobs, raw_db, stored_run
 
+# runs' columns but id, in table order: a hand copy of a run is INSERT ... SELECT <id>, these.
+_RUN_COLUMNS: Final = (
+    "manifest, models, epochs, job_count, status, created_at, done_count, job_rows"
+)
+
+
+def _copy_runs(new_id: str) -> str:
+    """SQL copying every run under the id ``new_id`` (an SQL expression of ``id``), as a hand
+    insert would."""
+    return f"INSERT INTO runs SELECT {new_id}, {_RUN_COLUMNS} FROM runs"
+
+
+def _copy_jobs(new_id: str, *, run_id: str = "run_id", where: str = "id = ?") -> str:
+    """SQL copying the jobs ``where`` selects under the id ``new_id``, and the run id
+    ``run_id`` (SQL expressions of the row's columns), as a hand insert would."""
+    return (
+        f"INSERT INTO jobs SELECT {new_id}, {run_id}, spec, status, attempt, outcome FROM jobs "
+        f"WHERE {where}"
+    )
+
 
 async def _edit(store: Store, sql: str, *params: object) -> None:
     """Hand edits (``;``-separated) through the store's own connection, foreign keys off as in a
@@ -159,8 +179,7 @@ async def test_check_reports_a_damaged_file(db_path: Path) -> None:
 async def test_a_job_whose_run_is_missing_is_named_by_its_id(db_path: Path) -> None:
     """A job whose run row was deleted is reported by the job's id, naming the missing run."""
     run, jobs = await orphaned_jobs(db_path)
-    async with Store.connect(db_path) as store:
-        problems = await store.check()
+    problems = await _check(db_path)
     assert sorted(p.row_id for p in problems) == sorted(str(job.id) for job in jobs)
     for problem in problems:
         assert problem.table == "jobs"
@@ -240,6 +259,18 @@ _DELETE_ROW: Final = re.compile(r"a second row for \w+ (\S+),.* DELETE FROM (\w+
 
 # "first move its outcome ...: UPDATE jobs SET outcome = (...) ... WHERE id = '...'; then".
 _MOVE_OUTCOME: Final = re.compile(r"(UPDATE jobs SET outcome = .*? WHERE id = '[^']+'); then")
+
+
+async def _check(db_path: Path) -> list[Problem]:
+    """check() of the database at ``db_path``, through a store of its own."""
+    async with Store.connect(db_path) as store:
+        return await store.check()
+
+
+async def _repair(db_path: Path, problems: list[Problem]) -> None:
+    """Follow every finding, in order (_follow); then check again, which must find nothing."""
+    _follow(db_path, problems)
+    assert await _check(db_path) == []
 
 
 def _follow(db_path: Path, problems: list[Problem]) -> None:
@@ -341,12 +372,10 @@ async def test_following_every_repair_leaves_nothing_to_find(
     with raw_db(db_path) as conn:
         for edit in edits:
             conn.execute(edit)
-    async with Store.connect(db_path) as store:
-        problems = await store.check()
+    problems = await _check(db_path)
     assert problems
-    _follow(db_path, problems)
+    await _repair(db_path, problems)
     async with Store.connect(db_path) as store:
-        assert await store.check() == []
         repaired = await store.get_run(run.id)
     assert repaired is not None
     assert (repaired.status, repaired.done_count) == final
@@ -417,9 +446,8 @@ async def test_ids_stored_as_other_uuid_text_are_reported_and_repairable(
         ("jobs", spell(str(jobs[0].id))),
         ("runs", respelled),
     ]
-    _follow(db_path, problems)
+    await _repair(db_path, problems)
     async with Store.connect(db_path) as store:
-        assert await store.check() == []
         assert await store.get_run(run.id) is not None
         assert [job.id for job in await store.list_jobs(run.id)] == [job.id for job in jobs]
         for job in jobs:
@@ -443,17 +471,15 @@ async def test_a_job_whose_run_id_is_spelled_otherwise_gets_the_right_repair(
             conn.execute("UPDATE runs SET id = upper(id)")
         elif run_stored == "missing":
             conn.execute("DELETE FROM runs")
-    async with Store.connect(db_path) as store:
-        problems = await store.check()
+    problems = await _check(db_path)
     (job_problem,) = [p for p in problems if p.table == "jobs"]
     assert job_problem.row_id == str(job.id)
     assert f"rewrite its run_id as '{run.id}'" in job_problem.message
     if run_stored == "missing":
         assert f"restore run {run.id} from a backup" in job_problem.message
         return
-    _follow(db_path, problems)
+    await _repair(db_path, problems)
     async with Store.connect(db_path) as store:
-        assert await store.check() == []
         assert await store.record_job_outcome(run.id, JobOutcome(job.id, score=1.0))
 
 
@@ -465,27 +491,17 @@ async def test_a_second_row_under_another_spelling_of_an_id_is_to_be_deleted(
     run, jobs = await stored_run(db_path)
     with raw_db(db_path) as conn:
         conn.execute("PRAGMA foreign_keys = OFF")
-        conn.execute(
-            "INSERT INTO runs (id, manifest, models, epochs, job_count, status, created_at, "
-            "done_count, job_rows) SELECT upper(id), manifest, models, epochs, job_count, status, "
-            "created_at, done_count, job_rows FROM runs"
-        )
-        conn.execute(
-            "INSERT INTO jobs (id, run_id, spec, status, attempt) SELECT upper(id), run_id, "
-            "spec, status, attempt FROM jobs WHERE id = ?",
-            (str(jobs[0].id),),
-        )
-    async with Store.connect(db_path) as store:
-        problems = await store.check()
+        conn.execute(_copy_runs("upper(id)"))
+        conn.execute(_copy_jobs("upper(id)"), (str(jobs[0].id),))
+    problems = await _check(db_path)
     copies = {
         ("runs", str(run.id).upper()),
         ("jobs", str(jobs[0].id).upper()),
     }
     assert sorted((p.table, p.row_id) for p in problems) == sorted(copies)
     assert all("a second row for" in problem.message for problem in problems)
-    _follow(db_path, problems)
+    await _repair(db_path, problems)
     async with Store.connect(db_path) as store:
-        assert await store.check() == []
         assert [job.id for job in await store.list_jobs(run.id)] == [job.id for job in jobs]
 
 
@@ -538,16 +554,12 @@ async def test_a_respelt_row_with_other_damage_is_named_as_stored(
     with raw_db(db_path) as conn:
         conn.execute("PRAGMA foreign_keys = OFF")
         if copy:
-            conn.execute(
-                "INSERT INTO runs (id, manifest, models, epochs, job_count, status, "
-                "created_at, done_count, job_rows) SELECT upper(id), manifest, models, 0, "
-                "job_count, status, created_at, done_count, job_rows FROM runs"
-            )
+            conn.execute(_copy_runs("upper(id)"))
+            conn.execute("UPDATE runs SET epochs = 0 WHERE id = ?", (spelt,))
         else:
             conn.execute("UPDATE runs SET id = upper(id), epochs = 0")
             conn.execute("UPDATE jobs SET run_id = upper(run_id)")
-    async with Store.connect(db_path) as store:
-        problems = await store.check()
+    problems = await _check(db_path)
     assert {p.row_id for p in problems} == {spelt}
     assert len(problems) == 2
     assert any(f"runs.epochs of row {spelt} holds 0" in p.message for p in problems)
@@ -586,28 +598,18 @@ async def test_two_spellings_of_one_id_with_no_canonical_row_rewrite_one_delete_
         conn.execute("PRAGMA foreign_keys = OFF")
         conn.execute("UPDATE runs SET id = upper(id)")
         conn.execute("UPDATE jobs SET run_id = upper(run_id)")
-        conn.execute(
-            "INSERT INTO runs (id, manifest, models, epochs, job_count, status, created_at, "
-            "done_count, job_rows) SELECT '{' || lower(id) || '}', manifest, models, epochs, "
-            "job_count, status, created_at, done_count, job_rows FROM runs"
-        )
+        conn.execute(_copy_runs("'{' || lower(id) || '}'"))
         conn.execute("UPDATE jobs SET id = upper(id) WHERE id = ?", (str(jobs[0].id),))
-        conn.execute(
-            "INSERT INTO jobs (id, run_id, spec, status, attempt) SELECT "
-            "replace(lower(id), '-', ''), run_id, spec, status, attempt FROM jobs WHERE id = ?",
-            (str(jobs[0].id).upper(),),
-        )
-    async with Store.connect(db_path) as store:
-        problems = await store.check()
+        conn.execute(_copy_jobs("replace(lower(id), '-', '')"), (str(jobs[0].id).upper(),))
+    problems = await _check(db_path)
     messages = {(p.table, p.row_id): p.message for p in problems}
     assert len(messages) == len(problems) == 4
     assert "rewrite it as" in messages[("runs", str(run.id).upper())]
     assert "a second row for run" in messages[("runs", "{" + str(run.id) + "}")]
     assert "rewrite it as" in messages[("jobs", str(jobs[0].id).upper())]
     assert "a second row for job" in messages[("jobs", jobs[0].id.hex)]
-    _follow(db_path, problems)
+    await _repair(db_path, problems)
     async with Store.connect(db_path) as store:
-        assert await store.check() == []
         assert [job.id for job in await store.list_jobs(run.id)] == [job.id for job in jobs]
 
 
@@ -620,18 +622,12 @@ async def test_a_job_copy_whose_run_id_is_respelt_too_is_only_to_be_deleted(
     run, jobs = await stored_run(db_path)
     with raw_db(db_path) as conn:
         conn.execute("PRAGMA foreign_keys = OFF")
-        conn.execute(
-            "INSERT INTO jobs (id, run_id, spec, status, attempt) SELECT upper(id), "
-            "upper(run_id), spec, status, attempt FROM jobs WHERE id = ?",
-            (str(jobs[0].id),),
-        )
-    async with Store.connect(db_path) as store:
-        problems = await store.check()
+        conn.execute(_copy_jobs("upper(id)", run_id="upper(run_id)"), (str(jobs[0].id),))
+    problems = await _check(db_path)
     assert [(p.table, p.row_id) for p in problems] == [("jobs", str(jobs[0].id).upper())]
     assert "a second row for job" in problems[0].message
-    _follow(db_path, problems)
+    await _repair(db_path, problems)
     async with Store.connect(db_path) as store:
-        assert await store.check() == []
         assert await store.get_run(run.id) is not None
 
 
@@ -647,8 +643,7 @@ async def test_a_run_whose_id_is_unreadable_gets_no_counter_advice(db_path: Path
     with raw_db(db_path) as conn:
         conn.execute("PRAGMA foreign_keys = OFF")
         conn.execute("UPDATE runs SET id = ?", (bad,))
-    async with Store.connect(db_path) as store:
-        problems = await store.check()
+    problems = await _check(db_path)
     messages = {(p.table, p.row_id): p.message for p in problems}
     assert "expected a UUID" in messages.pop(("runs", bad))
     for job in jobs:
@@ -700,13 +695,11 @@ async def test_a_job_copy_holding_the_only_outcome_hands_it_over_before_it_goes(
             (outcome, str(jobs[0].id)),
         )
         conn.execute("UPDATE runs SET done_count = 1")
-    async with Store.connect(db_path) as store:
-        problems = await store.check()
+    problems = await _check(db_path)
     assert [(p.table, p.row_id) for p in problems] == [("jobs", str(jobs[0].id).upper())]
     assert "first move its outcome, the only one recorded" in problems[0].message
-    _follow(db_path, problems)
+    await _repair(db_path, problems)
     async with Store.connect(db_path) as store:
-        assert await store.check() == []
         kept = await store.get_job(jobs[0].id)
         assert kept is not None
         assert kept.outcome == JobOutcome(jobs[0].id, score=0.5)
@@ -721,18 +714,12 @@ async def test_a_run_copy_owning_jobs_counts_them_where_they_go(db_path: Path) -
         await store.record_job_outcomes(run.id, [JobOutcome(job.id) for job in jobs])
     with raw_db(db_path) as conn:
         conn.execute("PRAGMA foreign_keys = OFF")
-        conn.execute(
-            "INSERT INTO runs (id, manifest, models, epochs, job_count, status, created_at, "
-            "done_count, job_rows) SELECT upper(id), manifest, models, epochs, job_count, "
-            "status, created_at, done_count, job_rows FROM runs"
-        )
+        conn.execute(_copy_runs("upper(id)"))
         conn.execute("UPDATE jobs SET run_id = upper(run_id) WHERE id = ?", (str(jobs[1].id),))
-    async with Store.connect(db_path) as store:
-        problems = await store.check()
+    problems = await _check(db_path)
     assert [(p.table, p.row_id) for p in problems] == [("runs", str(run.id).upper())]
-    _follow(db_path, problems)
+    await _repair(db_path, problems)
     async with Store.connect(db_path) as store:
-        assert await store.check() == []
         stored = await store.get_run(run.id)
         assert stored is not None
         assert (stored.status, stored.done_count) == ("done", 2)
@@ -752,13 +739,10 @@ async def test_repairs_made_in_the_order_given_name_rows_that_still_exist(
         conn.execute(
             "UPDATE jobs SET id = upper(id), status = 'done' WHERE id = ?", (str(jobs[0].id),)
         )
-    async with Store.connect(db_path) as store:
-        problems = await store.check()
+    problems = await _check(db_path)
     kinds = ["rewrite it as" in p.message for p in problems]
     assert kinds == [False, False, True, True]  # job_rows, the status; then the two rewrites
-    _follow(db_path, problems)
-    async with Store.connect(db_path) as store:
-        assert await store.check() == []
+    await _repair(db_path, problems)
 
 
 async def test_a_job_whose_run_id_is_no_uuid_holds_off_counter_advice(db_path: Path) -> None:
@@ -771,8 +755,7 @@ async def test_a_job_whose_run_id_is_no_uuid_holds_off_counter_advice(db_path: P
     with raw_db(db_path) as conn:
         conn.execute("PRAGMA foreign_keys = OFF")
         conn.execute("UPDATE jobs SET run_id = run_id || ' ' WHERE id = ?", (str(jobs[0].id),))
-    async with Store.connect(db_path) as store:
-        problems = await store.check()
+    problems = await _check(db_path)
     assert {(p.table, p.row_id) for p in problems} == {("jobs", str(jobs[0].id))}
     assert any("which is no run's id (no UUID)" in p.message for p in problems)
     assert not any("restore run" in p.message for p in problems)
@@ -782,19 +765,13 @@ async def test_a_job_whose_run_id_is_no_uuid_holds_off_counter_advice(db_path: P
         assert await store.check() == []
 
 
-_RUN_COLUMNS: Final = (
-    "manifest, models, epochs, job_count, status, created_at, done_count, job_rows"
-)
-
-
 @pytest.mark.parametrize(
     "edits",
     [
         pytest.param(  # a run copy holding a copy of one of the run's jobs (with its outcome)
             [
-                f"INSERT INTO runs SELECT upper(id), {_RUN_COLUMNS} FROM runs",
-                "INSERT INTO jobs SELECT upper(id), upper(run_id), spec, status, attempt, "
-                "outcome FROM jobs WHERE outcome IS NOT NULL",
+                _copy_runs("upper(id)"),
+                _copy_jobs("upper(id)", run_id="upper(run_id)", where="outcome IS NOT NULL"),
             ],
             id="run-copy-holds-job-copy",
         ),
@@ -822,7 +799,7 @@ _RUN_COLUMNS: Final = (
         ),
         pytest.param(  # as above, the job moved onto a copy of its run
             [
-                f"INSERT INTO runs SELECT upper(id), {_RUN_COLUMNS} FROM runs",
+                _copy_runs("upper(id)"),
                 "INSERT INTO jobs SELECT '{' || id || '}', run_id, spec, 'done', attempt, "
                 "(SELECT outcome FROM jobs WHERE outcome IS NOT NULL) FROM jobs WHERE outcome "
                 "IS NULL",
@@ -846,11 +823,9 @@ async def test_copies_of_copies_are_repaired_in_one_round_losing_no_outcome(
         conn.execute("PRAGMA foreign_keys = OFF")
         for edit in edits:
             conn.execute(edit)
+    problems = await _check(db_path)
+    await _repair(db_path, problems)
     async with Store.connect(db_path) as store:
-        problems = await store.check()
-    _follow(db_path, problems)
-    async with Store.connect(db_path) as store:
-        assert await store.check() == []
         kept = await store.get_run(run.id)
         assert kept is not None
         recorded = [job for job in await store.list_jobs(run.id) if job.outcome is not None]
@@ -871,10 +846,9 @@ async def test_a_rewrite_waits_for_unreadable_run_ids_that_may_be_the_same_run(
     run, _ = await stored_run(db_path)
     with raw_db(db_path) as conn:
         conn.execute("PRAGMA foreign_keys = OFF")
-        conn.execute(f"INSERT INTO runs SELECT '{{' || id || '}}', {_RUN_COLUMNS} FROM runs")
+        conn.execute(_copy_runs("'{' || id || '}'"))
         conn.execute("UPDATE runs SET id = CAST(id AS BLOB) WHERE id = ?", (str(run.id),))
-    async with Store.connect(db_path) as store:
-        problems = await store.check()
+    problems = await _check(db_path)
     [rewrite] = [p for p in problems if p.row_id == "{" + str(run.id) + "}"]
     assert "rewrite it as" in rewrite.message
     assert "but first repair the run ids found unreadable" in rewrite.message
@@ -894,14 +868,12 @@ async def test_a_respelt_job_whose_run_is_missing_is_repaired_before_its_id_is(
         conn.execute("UPDATE jobs SET id = upper(id), run_id = upper(run_id)")
         if run_missing:
             conn.execute("DELETE FROM runs")
-    async with Store.connect(db_path) as store:
-        problems = await store.check()
+    problems = await _check(db_path)
     order = [("rewrite it as" in p.message, p.row_id) for p in problems]
     assert order == [(False, str(job.id).upper()) for job in jobs] + [
         (True, str(job.id).upper()) for job in jobs
     ]
     if not run_missing:
-        _follow(db_path, problems)
+        await _repair(db_path, problems)
         async with Store.connect(db_path) as store:
-            assert await store.check() == []
             assert [job.id for job in await store.list_jobs(run.id)] == [job.id for job in jobs]
