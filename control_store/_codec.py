@@ -8,13 +8,14 @@ Reading: a row becomes a model, and any value this version cannot read becomes a
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import sys
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final, TypeVar
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
 import msgspec
 
@@ -616,22 +617,58 @@ def stored_uuid(table: str, column: str, row_id: object, value: object) -> uuid.
     return _Reader(table, (row_id, value)).uuid(1, column)
 
 
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _collecting(
+    read: Callable[Concatenate[_Reader, _P], _T],
+) -> Callable[Concatenate[_Reader, _P], _T]:
+    """A column read of _Reader that, while the reader collects errors, adds a refused cell's
+    CorruptRowError to them and reads None instead of raising."""
+
+    @functools.wraps(read)
+    def collecting(reader: _Reader, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return read(reader, *args, **kwargs)
+        except CorruptRowError as exc:
+            if reader.errors is None:
+                raise
+            reader.errors.append(exc)
+            return cast(_T, None)  # the row being judged, not read: its value is thrown away
+
+    return collecting
+
+
 class _Reader:
     """Reads one row's columns, turning any failure into a CorruptRowError.
 
     ``canonical=False`` takes an id spelt otherwise than canonically (for check(), which
-    reports the spelling itself, and judges the rest of the row as it stands)."""
+    reports the spelling itself, and judges the rest of the row as it stands). Given
+    ``errors``, the reader adds each refused cell's error to it and reads on, so that one
+    pass finds every bad cell of a row (for check(): a repair of the first alone would leave
+    the next to a second check()).
+    """
 
-    __slots__ = ("canonical", "row", "table")
+    __slots__ = ("canonical", "errors", "row", "table")
 
-    def __init__(self, table: str, row: Sequence[Any], *, canonical: bool = True) -> None:
+    def __init__(
+        self,
+        table: str,
+        row: Sequence[Any],
+        *,
+        canonical: bool = True,
+        errors: list[CorruptRowError] | None = None,
+    ) -> None:
         self.table = table
         self.row = row
         self.canonical = canonical
+        self.errors = errors
 
     def corrupt(self, column: str, value: object, why: str, fix: str = _BY_HAND) -> CorruptRowError:
         return corrupt_row(self.table, column, self.row[0], value, why, fix)
 
+    @_collecting
     def uuid(self, index: int, column: str) -> uuid.UUID:
         value = self.row[index]
         if not isinstance(value, str):
@@ -643,18 +680,21 @@ class _Reader:
             raise self.corrupt(column, value, NOT_CANONICAL, _RESPELL)
         return parsed
 
+    @_collecting
     def text(self, index: int, column: str) -> str:
         value = self.row[index]
         if not isinstance(value, str):
             raise self.corrupt(column, value, "expected text")
         return value
 
+    @_collecting
     def integer(self, index: int, column: str, minimum: int = 0) -> int:
         value = self.row[index]
         if not isinstance(value, int) or value < minimum:
             raise self.corrupt(column, value, f"expected an integer >= {minimum}")
         return value
 
+    @_collecting
     def timestamp(self, index: int, column: str) -> datetime:
         value = self.row[index]
         why = "expected RFC 3339 UTC text like 2026-01-01T00:00:00.000000Z"
@@ -665,6 +705,7 @@ class _Reader:
         except (ValueError, msgspec.DecodeError) as exc:
             raise self.corrupt(column, value, why) from exc
 
+    @_collecting
     def json(self, index: int, column: str, decode: Any) -> Any:
         value = self.row[index]
         if not isinstance(value, str | bytes):
@@ -674,6 +715,7 @@ class _Reader:
         except msgspec.DecodeError as exc:
             raise self.corrupt(column, value, str(exc)) from exc
 
+    @_collecting
     def enum(self, index: int, column: str, kind: type[RunStatus] | type[JobStatus]) -> Any:
         value = self.row[index]
         try:
@@ -836,8 +878,10 @@ def _uuid_if_canonical(text: str) -> uuid.UUID | None:
     return parsed if _canonical_column((text,)) else None
 
 
-def _checked_run(row: Sequence[Any], *, canonical: bool = True) -> Run:
-    r = _Reader("runs", row, canonical=canonical)
+def _checked_run(
+    row: Sequence[Any], *, canonical: bool = True, errors: list[CorruptRowError] | None = None
+) -> Run:
+    r = _Reader("runs", row, canonical=canonical, errors=errors)
     return Run(
         r.text(1, "manifest"),
         r.json(2, "models", _decode_models),
@@ -850,10 +894,12 @@ def _checked_run(row: Sequence[Any], *, canonical: bool = True) -> Run:
     )
 
 
-def check_run_as_spelt(row: Sequence[Any]) -> None:
-    """Raise the CorruptRowError for anything decode_run refuses but an id spelt otherwise than
+def run_cell_errors(row: Sequence[Any]) -> list[CorruptRowError]:
+    """The CorruptRowError of every cell decode_run refuses, but an id spelt otherwise than
     canonically, naming the row by its id as stored (for check())."""
-    _checked_run(row, canonical=False)
+    errors: list[CorruptRowError] = []
+    _checked_run(row, canonical=False, errors=errors)
+    return errors
 
 
 def decode_jobs(rows: Sequence[Sequence[Any]]) -> list[Job]:
@@ -950,13 +996,17 @@ def decode_job(row: Sequence[Any]) -> Job:
     return _checked_job(row)
 
 
-def check_job_as_spelt(row: Sequence[Any]) -> None:
-    """As check_run_as_spelt, for a job."""
-    _checked_job(row, canonical=False)
+def job_cell_errors(row: Sequence[Any]) -> list[CorruptRowError]:
+    """As run_cell_errors, for a job."""
+    errors: list[CorruptRowError] = []
+    _checked_job(row, canonical=False, errors=errors)
+    return errors
 
 
-def _checked_job(row: Sequence[Any], *, canonical: bool = True) -> Job:
-    r = _Reader("jobs", row, canonical=canonical)
+def _checked_job(
+    row: Sequence[Any], *, canonical: bool = True, errors: list[CorruptRowError] | None = None
+) -> Job:
+    r = _Reader("jobs", row, canonical=canonical, errors=errors)
     outcome = None if row[5] is None else r.json(5, "outcome", _decode_outcome)
     return Job(
         r.uuid(1, "run_id"),

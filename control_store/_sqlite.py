@@ -1355,25 +1355,25 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
     unreadable_runs: list[object] = []  # ids that are no UUID: no repair can be judged by them
     unreadable_parents = False  # a job's run_id is no UUID: its run is unknown
     decoders = (
-        (SELECT_ALL_RUNS, _codec.decode_run, _codec.check_run_as_spelt),
-        (SELECT_ALL_JOBS, _codec.decode_job, _codec.check_job_as_spelt),
+        (SELECT_ALL_RUNS, _codec.decode_run, _codec.run_cell_errors),
+        (SELECT_ALL_JOBS, _codec.decode_job, _codec.job_cell_errors),
     )
-    for select, decode, check_as_spelt in decoders:
+    for select, decode, cell_errors in decoders:
         for row in conn.execute(select):
             try:
-                try:
-                    decode(row)
-                except CorruptRowError as exc:
-                    # An id in another spelling of its UUID has its own finding, with its
-                    # rewrite: the rest of the row is judged as it stands.
-                    if not _respelt_id(exc):
-                        raise
-                    check_as_spelt(row)
-            except CorruptRowError as exc:
+                decode(row)
+                continue
+            except CorruptRowError:
+                # Every bad cell of the row, each its own finding, so that the repairs given
+                # leave none for a second check() to find. An id in another spelling of its
+                # UUID is not among them: it has its own finding, with its rewrite.
+                errors = cell_errors(row)
+            for exc in errors:
                 found(exc.table, exc.row_id, str(exc))
+                # Read as spelt, an id is refused only when it is no UUID at all.
                 if exc.column == "id" and exc.table == "runs":
                     unreadable_runs.append(row[0])
-                elif exc.column == "run_id" and _canonical_uuid(exc.value) is None:
+                elif exc.column == "run_id":
                     unreadable_parents = True
     for job_id, run_id, has_outcome in conn.execute(CHECK_ORPHAN_JOBS):
         if job_id in job_copies:  # to be deleted, as its own finding says
@@ -1530,11 +1530,6 @@ def _canonical_uuid(value: object) -> str | None:
     """The canonical text of a stored id that is UUID text; None for anything else."""
     parsed = _codec.spelt_uuid(value) if isinstance(value, str) else None
     return None if parsed is None else str(parsed)
-
-
-def _respelt_id(exc: CorruptRowError) -> bool:
-    """Whether ``exc`` refuses an id only for being another spelling of its UUID."""
-    return exc.column in ("id", "run_id") and _canonical_uuid(exc.value) is not None
 
 
 def op_claim_next_run(conn: sqlite3.Connection) -> Run | None:

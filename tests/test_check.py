@@ -877,3 +877,44 @@ async def test_a_respelt_job_whose_run_is_missing_is_repaired_before_its_id_is(
         await _repair(db_path, problems)
         async with Store.connect(db_path) as store:
             assert [job.id for job in await store.list_jobs(run.id)] == [job.id for job in jobs]
+
+
+async def test_every_unreadable_cell_of_a_row_is_a_finding_of_its_own(db_path: Path) -> None:
+    """A run and a job each with several cells edited into values no read takes: check() names
+    every one (not just the first a read meets), so after setting each cell it names back to a
+    good value, the next check() finds nothing."""
+    run, jobs = await stored_run(db_path)
+    good = {
+        ("runs", "manifest"): run.manifest,
+        ("runs", "models"): _codec._encode(run.models).decode(),
+        ("runs", "epochs"): run.epochs,
+        ("jobs", "spec"): _codec._encode(jobs[0].spec).decode(),
+        ("jobs", "attempt"): 0,
+    }
+    with raw_db(db_path) as conn:
+        conn.execute(
+            "UPDATE runs SET manifest = CAST(x'ff' AS TEXT), models = '[', epochs = 0",
+        )
+        conn.execute(
+            "UPDATE jobs SET spec = CAST(x'80' AS TEXT), attempt = -1 WHERE id = ?",
+            (str(jobs[0].id),),
+        )
+    problems = await _check(db_path)
+    named = {
+        (p.table, cell[1]): p.row_id
+        for p in problems
+        if (cell := re.search(rf"^{p.table}\.(\w+) of row ", p.message))
+    }
+    assert named == {
+        ("runs", "manifest"): str(run.id),
+        ("runs", "models"): str(run.id),
+        ("runs", "epochs"): str(run.id),
+        ("jobs", "spec"): str(jobs[0].id),
+        ("jobs", "attempt"): str(jobs[0].id),
+    }
+    assert len(problems) == len(named)
+    with raw_db(db_path) as conn:
+        for (table, column), row_id in named.items():
+            value = good[(table, column)]
+            conn.execute(f"UPDATE {table} SET {column} = ? WHERE id = ?", (value, row_id))
+    assert await _check(db_path) == []
