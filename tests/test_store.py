@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 from typing import cast
 
 import msgspec
@@ -30,7 +33,7 @@ from control_store import (
     WrongRunError,
 )
 
-from conftest import make_jobs, make_run
+from conftest import group_in_flight, make_jobs, make_run
 
 
 async def test_insert_then_get_run(store: Store) -> None:
@@ -189,6 +192,70 @@ async def test_insert_jobs_accepts_a_generator(store: Store) -> None:
     jobs = make_jobs(run)
     await store.insert_jobs(job for job in jobs)
     assert await store.list_jobs(run.id) == jobs
+
+
+class _Unprintable(ValueError):
+    """An exception whose message cannot be read."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+# What a caller's source of jobs may raise that looks like one of the store's own failures: a
+# locked or failing other database, a closed connection, a value too large; or that cannot
+# even say what it is.
+_SOURCE_FAILURES = [
+    sqlite3.OperationalError("database is locked"),
+    sqlite3.ProgrammingError("Cannot operate on a closed cursor."),
+    ValueError("Connection closed"),
+    OverflowError("Python int too large to convert to SQLite INTEGER"),
+    _Unprintable(),
+]
+
+
+def _failing_after_one(run: Run, raised: Exception) -> Iterator[Job]:
+    yield make_jobs(run, 1)[0]
+    raise raised
+
+
+@pytest.mark.parametrize("raised", _SOURCE_FAILURES, ids=lambda exc: type(exc).__name__)
+async def test_what_a_job_generator_raises_reaches_the_caller_as_it_is(
+    store: Store, raised: Exception
+) -> None:
+    """An exception from the caller's own generator is the caller's, however much it looks like
+    the store's: insert_jobs raises that very exception, not a ControlError blaming the store,
+    inserts nothing, and the store goes on working."""
+    run = make_run(job_count=2)
+    await store.insert_run(run)
+    with pytest.raises(type(raised)) as caught:
+        await store.insert_jobs(_failing_after_one(run, raised))
+    assert caught.value is raised
+    assert await store.list_jobs(run.id) == []
+    jobs = make_jobs(run)
+    await store.insert_jobs(jobs)
+    assert await store.list_jobs(run.id) == jobs
+
+
+async def test_a_failing_job_generator_in_a_group_fails_only_its_own_call(db_path: Path) -> None:
+    """Grouped with other writes, a generator that raises fails its own insert_jobs alone, with
+    its own exception; the others commit."""
+    async with Store.connect(db_path) as store:
+        run, other = make_run(job_count=2), make_run(job_count=2)
+        await store.insert_run(run)
+        ahead = await group_in_flight(store)
+        raised = _Unprintable()
+        failed, *others = await asyncio.gather(
+            store.insert_jobs(_failing_after_one(run, raised)),
+            store.insert_run(other),
+            store.insert_jobs(make_jobs(other)),
+            return_exceptions=True,
+        )
+        await ahead
+        assert failed is raised
+        assert others == [None, None]
+        assert await store.list_jobs(run.id) == []
+        assert len(await store.list_jobs(other.id)) == 2
+        assert await store.check() == []
 
 
 class _RunIdSubclass(uuid.UUID):
