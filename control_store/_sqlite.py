@@ -1959,11 +1959,17 @@ class SqliteBackend:
         path: errors are translated on the worker thread (_Worker.run_read), so the future already
         carries the ControlError.
         """
-        self.refuse_foreign()
-        self._refuse_closing()
+        self.admit()
         if small and self._inline:
             return self._read_inline(op)
         return self._hop_read(op)
+
+    def admit(self) -> None:
+        """Refuse a call from another process or event loop (refuse_foreign), or made once
+        close() began; what every call checks first, also one the Store answers without a hop
+        (an empty batch)."""
+        self.refuse_foreign()
+        self._refuse_closing()
 
     def refuse_foreign(self) -> None:
         """Refuse a call from another process or event loop than the ones that opened the store.
@@ -2040,8 +2046,7 @@ class SqliteBackend:
         waits for it, and if it committed, runs ``undo(result)`` (if not None) to take the
         effect back, so no run is left claimed by a task that never received it.
         """
-        self.refuse_foreign()
-        self._refuse_closing()
+        self.admit()
         if self.read_only:  # Store names the method first; this guards any other caller
             raise ReadOnlyStoreError(
                 f"{self._database} was opened with read_only=True and refuses writes; "

@@ -410,7 +410,8 @@ class Store:
         )
         # Encoded here, before the hop: a bad outcome anywhere fails the call with nothing sent.
         rows = list(map(_codec.outcome_params, outcomes))
-        if not rows:
+        if not rows:  # nothing to send; refused where any call would be
+            backend.admit()
             return []
         op = partial(_sqlite.op_record_outcomes, run_key, rows)
         return await backend.write(op, small=len(rows) <= _SMALL_BATCH)
