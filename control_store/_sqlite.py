@@ -1138,6 +1138,24 @@ def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
     return cursor.rowcount
 
 
+def insert_jobs_op(jobs: Iterable[Job]) -> Op[int]:
+    """The op inserting ``jobs``: a RunsOnce unless they are a list or a tuple, which can be
+    read again."""
+    op = partial(op_insert_jobs, jobs)
+    return op if type(jobs) in (list, tuple) else RunsOnce(op)
+
+
+@dataclass(frozen=True, slots=True)
+class RunsOnce:
+    """An op that cannot run a second time: its first run consumed what it reads (the caller's
+    generator of jobs). A group never runs it again (see _Worker.after_rollback)."""
+
+    op: Op[int]
+
+    def __call__(self, conn: sqlite3.Connection) -> int:
+        return self.op(conn)
+
+
 def _pulled(jobs: Iterable[Job]) -> Iterator[Job]:
     """The caller's jobs, pulled on the worker's thread; what its iterable raises comes wrapped
     in RaisedByCaller, so that it reaches the caller as it is: an error of the caller's own
@@ -2357,14 +2375,17 @@ class _Worker:
         """On the thread: run the tickets' ops in one BEGIN IMMEDIATE transaction and one commit.
 
         Returns (True, result) or (False, error) per op. Each op runs in its own savepoint, so
-        a failing op rolls back only itself; an error that ends the transaction itself (disk
-        full, I/O) or a failed COMMIT fails every op, none of which took effect. An op whose
-        caller withdrew it (see _Ticket) does not run.
+        a failing op rolls back only itself; after an op's error that ends the transaction
+        itself (disk full, I/O), the others run again (see after_rollback); a failed COMMIT
+        fails every op, none of which took effect. An op whose caller withdrew it (see
+        _Ticket) does not run.
         """
         with self.lock:
             return self.transact_locked([_take(ticket) for ticket in tickets])
 
-    def transact_locked(self, ops: Sequence[Op[Any] | None]) -> list[tuple[bool, Any]]:
+    def transact_locked(
+        self, ops: Sequence[Op[Any] | None], *, again: bool = True
+    ) -> list[tuple[bool, Any]]:
         conn = self.raw
         try:
             conn.execute("BEGIN IMMEDIATE")  # IMMEDIATE: see transact_one
@@ -2373,18 +2394,14 @@ class _Worker:
         results: list[tuple[bool, Any]] = []
         try:
             self.refuse_replaced_file()
-            for op in ops:
+            for index, op in enumerate(ops):
                 if op is None:  # withdrawn
                     results.append(_WITHDRAWN)
                     continue
                 conn.execute("SAVEPOINT group_commit")
                 result = self.attempt(op)
                 if not result[0] and not conn.in_transaction:
-                    # The error rolled back the whole transaction: nothing here committed.
-                    # Each caller gets its own error instance, translated afresh.
-                    error = result[1]
-                    cause = error.__cause__ or error
-                    return [(False, self.translate(cause)) for _ in ops]
+                    return self.after_rollback(ops, index, result, again=again)
                 if not result[0]:
                     conn.execute("ROLLBACK TO group_commit")
                 conn.execute("RELEASE group_commit")
@@ -2395,6 +2412,34 @@ class _Worker:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             return [(False, self.translate(exc)) for _ in ops]
+        return results
+
+    def after_rollback(
+        self, ops: Sequence[Op[Any] | None], failed: int, result: tuple[bool, Any], *, again: bool
+    ) -> list[tuple[bool, Any]]:
+        """The results of a group whose op ``failed`` ended the whole transaction with its error
+        (SQLITE_FULL, an I/O error, a trigger's RAISE(ROLLBACK)): nothing of the group is left.
+
+        That op gets its error. The others lost their work through no fault of their own, and
+        may well succeed alone (a disk filled by one big insert_jobs): they run again, once, in
+        a transaction of their own. Not an op that cannot run twice (a RunsOnce whose first run
+        consumed its jobs' generator), nor any op when the rerun ends its transaction too (the
+        disk still full): each of those gets the error, its own instance, translated afresh.
+        """
+        error = result[1]
+        cause = error.__cause__ or error
+        if not again:
+            return [(False, self.translate(cause)) for _ in ops]
+        rerun = [
+            op if index > failed or not isinstance(op, RunsOnce) else None
+            for index, op in enumerate(ops)
+        ]
+        rerun[failed] = None
+        results = self.transact_locked(rerun, again=False)
+        for index, op in enumerate(ops):
+            if op is not None and rerun[index] is None:
+                results[index] = (False, self.translate(cause))
+        results[failed] = result
         return results
 
     def refuse_replaced_file(self) -> None:

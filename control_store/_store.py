@@ -306,7 +306,7 @@ class Store:
         """
         backend = self._writable("insert_jobs")
         _check_batch(jobs, what="jobs", item=Job, single="wrap a single job in a list")
-        await backend.write(lambda conn: _sqlite.op_insert_jobs(jobs, conn))
+        await backend.write(_sqlite.insert_jobs_op(jobs))
 
     async def get_job(self, job_id: uuid.UUID) -> Job | None:
         """The job with this id, or None."""

@@ -29,7 +29,7 @@ from control_store import (
     _sqlite,
 )
 
-from conftest import Worker, assert_sound, make_jobs, make_run
+from conftest import Worker, assert_sound, group_in_flight, make_jobs, make_run
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +72,47 @@ async def test_a_full_database_refuses_the_write_keeps_the_rest_and_accepts_the_
     await store.insert_jobs(batch)
     assert len(await store.list_jobs(run.id)) == 3_003
     assert await store.check() == []
+
+
+async def test_a_write_that_fills_the_database_fails_alone_in_its_group(db_path: Path) -> None:
+    """One insert_jobs too big for the room left, grouped with small writes before and after
+    it: SQLite rolls back the whole group's transaction, yet only that call fails; the others
+    run again and commit, except an insert from a generator, consumed by its first run, which
+    gets the error too (nothing of it written)."""
+    async with Store.connect(db_path) as store:
+        run, big = make_run(job_count=4), make_run(job_count=20_000)
+        for each in (run, big):
+            await store.insert_run(each)
+        jobs = make_jobs(run)
+        await store.insert_jobs(jobs[:2])
+        [(pages,)] = await _execute(store, "PRAGMA page_count")
+        assert isinstance(pages, int)
+        await _execute(store, f"PRAGMA max_page_count = {pages + 30}")  # room for small writes
+        ahead = await group_in_flight(store)
+        late = make_run()
+        results = await asyncio.gather(
+            store.record_job_outcome(run.id, JobOutcome(jobs[0].id, score=1.0)),
+            store.insert_jobs(job for job in jobs[2:3]),
+            store.insert_jobs(make_jobs(big)),
+            store.insert_jobs(jobs[3:]),
+            store.insert_run(late),
+            return_exceptions=True,
+        )
+        await ahead
+        recorded, generated, too_big, listed, inserted = results
+        assert recorded is True
+        assert isinstance(too_big, StorageError)
+        assert isinstance(generated, StorageError)
+        assert (listed, inserted) == (None, None)
+        assert [job.id for job in await store.list_jobs(run.id)] == [
+            jobs[0].id,
+            jobs[1].id,
+            jobs[3].id,
+        ]
+        assert await store.list_jobs(big.id) == []
+        assert await store.get_run(late.id) == late
+        await _execute(store, "PRAGMA max_page_count = 1073741823")
+        assert await store.check() == []
 
 
 async def test_a_file_size_limit_mid_write_is_a_storage_error_and_retry_succeeds(
