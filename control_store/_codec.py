@@ -382,7 +382,8 @@ def outcome_params(outcome: JobOutcome) -> tuple[str, str]:
 def _checked_outcome_json(outcome: JobOutcome) -> str:
     if not isinstance(outcome, JobOutcome):
         raise InvalidInputError(
-            f"expected a JobOutcome, got {typed(outcome)}; pass JobOutcome(job_id, score=...)"
+            f"expected a JobOutcome, got {typed(outcome)}; nothing of this call was recorded: "
+            "pass JobOutcome(job_id, score=...)"
         )
     where = f"outcome for job {check_uuid(outcome.job_id, what='JobOutcome.job_id')}"
     score = outcome.score
@@ -426,6 +427,12 @@ def job_params(job: Job) -> JobRow:
     outcome."""
     encode, _, _ = job_encoder()
     return encode(job)
+
+
+def in_batch(exc: InvalidInputError, what: str, position: int) -> None:
+    """Make ``exc``, which refuses the item at ``position`` of the batch argument ``what``, say
+    so: an item of a generator, or one with no id (None), is found by no other clue."""
+    exc.args = (f"{what}[{position}]: {exc}", *exc.args[1:])
 
 
 def job_encoder() -> tuple[
@@ -506,7 +513,10 @@ def job_encoder() -> tuple[
 
 def _checked_job_params(job: Job) -> JobRow:
     if not isinstance(job, Job):
-        raise InvalidInputError(f"expected a Job, got {typed(job)}; pass Job(run_id, EvalJob(...))")
+        raise InvalidInputError(
+            f"expected a Job, got {typed(job)}; no job of this call was inserted: pass "
+            "Job(run_id, EvalJob(...))"
+        )
     job_id = check_uuid(job.id, what="Job.id")
     where = f"job {job_id}"
     run_id = check_uuid(job.run_id, what=f"{where}: run_id")

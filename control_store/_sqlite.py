@@ -1118,6 +1118,9 @@ def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
     source = jobs if type(jobs) in (list, tuple) else _pulled(jobs)
     try:
         cursor = conn.executemany(INSERT_JOB, map(encode, source))
+    except InvalidInputError as exc:  # encode's: _pulled wraps what the caller's jobs raise
+        _codec.in_batch(exc, "jobs", sum(per_run().values()))
+        raise
     except sqlite3.IntegrityError as exc:
         name = getattr(exc, "sqlite_errorname", "")
         failed = last()
@@ -2009,6 +2012,15 @@ class SqliteBackend:
                 f"nothing was done: connect a new Store in process {_Process.pid}"
             )
         if asyncio.get_running_loop() is not self._loop:
+            if threading.current_thread() is self._conn._thread:
+                # The advice below would wait forever here: the store's thread is busy running
+                # the caller's generator, and serves nothing else until it ends.
+                raise WrongEventLoopError(
+                    f"this call to the store on {self._database} came from the store's own "
+                    "thread, where insert_jobs consumes the caller's generator: the store serves "
+                    "no call until that generator ends; nothing was done: read what the "
+                    "generator needs before calling insert_jobs"
+                )
             raise WrongEventLoopError(
                 f"this store on {self._database} was opened on another event loop than the "
                 "one calling it (a store serves the loop that opened it); nothing was done: "

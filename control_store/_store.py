@@ -46,18 +46,23 @@ def _check_batch(value: object, *, what: str, item: type, single: str) -> None:
         )
     if isinstance(value, item) or not isinstance(value, Iterable):
         raise InvalidInputError(
-            f"{what} must be an iterable of {name}, got {type(value).__name__}; "
-            + _not_iterable_fix(value, single)
+            f"{what} must be an iterable of {name}, got {type(value).__name__}; nothing was "
+            f"stored: {_not_iterable_fix(value, item, single)}"
         )
 
 
-def _not_iterable_fix(value: object, single: str) -> str:
+def _not_iterable_fix(value: object, item: type, single: str) -> str:
     """The fix for a batch argument that is not a plain iterable: ``single`` for one item."""
     if hasattr(value, "__aiter__"):  # an async generator: the batch is read on a thread
-        return "collect an async iterator first, e.g. [x async for x in it], or insert in chunks"
+        return (
+            "collect an async iterator first, e.g. [x async for x in it], or pass its items a "
+            "list at a time"
+        )
     if inspect.isawaitable(value):
         return "await it first: this is a coroutine or other awaitable, not the items"
-    return single
+    if isinstance(value, item):
+        return single
+    return f"pass a list (or any iterable) of {item.__name__}"
 
 
 def _int_from(value: object, low: int, high: int) -> bool:
@@ -409,7 +414,12 @@ class Store:
             single="wrap a single outcome in a list, or call record_job_outcome",
         )
         # Encoded here, before the hop: a bad outcome anywhere fails the call with nothing sent.
-        rows = list(map(_codec.outcome_params, outcomes))
+        rows: list[tuple[str, str]] = []
+        try:
+            rows.extend(map(_codec.outcome_params, outcomes))  # appends as it goes
+        except InvalidInputError as exc:  # the codec's: no caller's iterable has one to raise
+            _codec.in_batch(exc, "outcomes", len(rows))
+            raise
         if not rows:  # nothing to send; refused where any call would be
             backend.admit()
             return []

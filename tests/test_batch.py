@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncGenerator, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import msgspec
 import pytest
@@ -174,6 +176,29 @@ async def test_a_bad_outcome_in_a_batch_records_nothing(store: Store) -> None:
     assert await store.list_jobs(run.id) == jobs
 
 
+async def test_a_refused_item_is_named_by_its_place_in_the_batch(store: Store) -> None:
+    """An item of a batch that is refused, from a list or a generator, is named by its place
+    (a None has no id to name it by), and the message says nothing of the call was written."""
+    run = make_run(job_count=3)
+    jobs = make_jobs(run)
+    await store.insert_run(run)
+    with_none: list[Any] = [jobs[0], None]
+    with pytest.raises(InvalidInputError, match=r"^jobs\[1\]: expected a Job, got NoneType: None"):
+        await store.insert_jobs(with_none)
+    bad = msgspec.structs.replace(jobs[2], attempt=-1)
+    with pytest.raises(InvalidInputError, match=rf"^jobs\[2\]: job {bad.id}: attempt"):
+        await store.insert_jobs(job for job in [*jobs[:2], bad])
+    assert await store.list_jobs(run.id) == []
+    await store.insert_jobs(jobs)
+    outcomes: Iterator[Any] = iter([JobOutcome(jobs[0].id), None])
+    with pytest.raises(
+        InvalidInputError,
+        match=r"^outcomes\[1\]: expected a JobOutcome, got NoneType: None; nothing of this call",
+    ):
+        await store.record_job_outcomes(run.id, outcomes)
+    assert await store.get_run(run.id) == run
+
+
 async def test_record_outcomes_refuses_bad_arguments(store: Store) -> None:
     """A non-UUID run id or a single outcome instead of a batch is refused with the fix."""
     run = make_run()
@@ -182,6 +207,18 @@ async def test_record_outcomes_refuses_bad_arguments(store: Store) -> None:
         await store.record_job_outcomes(str(run.id), [outcome])  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError, match="wrap a single outcome in a list"):
         await store.record_job_outcomes(run.id, outcome)  # type: ignore[arg-type]
+    # No outcome to wrap: the fix is a list, or (for an async iterator) collecting it.
+    with pytest.raises(InvalidInputError, match=r"got NoneType; .*pass a list \(or any iterable\)"):
+        await store.record_job_outcomes(run.id, None)  # type: ignore[arg-type]
+
+    async def later() -> AsyncGenerator[JobOutcome, None]:
+        yield outcome
+
+    pending = later()
+    with pytest.raises(InvalidInputError, match=r"collect an async iterator first") as caught:
+        await store.record_job_outcomes(run.id, pending)  # type: ignore[arg-type]
+    assert "insert" not in str(caught.value)
+    await pending.aclose()
 
 
 async def test_an_empty_batch_records_nothing(store: Store) -> None:

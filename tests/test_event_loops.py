@@ -11,14 +11,14 @@ import asyncio
 import gc
 import threading
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from control_store import Run, Store, WrongEventLoopError
+from control_store import Job, Run, Store, WrongEventLoopError
 
-from conftest import CALL_TIMEOUT, make_run, one_call_of_each_kind
+from conftest import CALL_TIMEOUT, make_jobs, make_run, one_call_of_each_kind
 
 
 def _calls(store: Store, run: Run) -> dict[str, Callable[[], Awaitable[object]]]:
@@ -63,6 +63,28 @@ async def test_calls_from_another_threads_loop_are_refused_and_change_nothing(ur
         await asyncio.gather(*(store.insert_run(make_run()) for _ in range(8)))
         assert len(await store.list_runs()) == 9
         assert await store.check() == []
+
+
+async def test_a_call_from_inside_a_job_generator_says_it_came_from_the_stores_thread(
+    url: str,
+) -> None:
+    """A generator given to insert_jobs runs on the store's own thread; a call it makes there
+    (through a loop of its own) is refused with that said, not with the advice for other loops
+    (submit to the store's loop), which would wait forever there. Nothing is inserted."""
+    async with Store.connect(url) as store:
+        run = make_run(job_count=2)
+        await store.insert_run(run)
+        jobs = make_jobs(run)
+
+        def generated() -> Iterator[Job]:
+            yield jobs[0]
+            asyncio.run(store.get_run(run.id))
+            yield jobs[1]
+
+        with pytest.raises(WrongEventLoopError, match="came from the store's own thread") as caught:
+            await store.insert_jobs(generated())
+        assert "run_coroutine_threadsafe" not in str(caught.value)
+        assert await store.list_jobs(run.id) == []
 
 
 async def test_another_thread_reaches_the_store_through_its_own_loop(url: str) -> None:
