@@ -2406,14 +2406,14 @@ class _Worker:
         results: list[tuple[bool, Any]] = []
         try:
             self.refuse_replaced_file()
-            for index, op in enumerate(ops):
+            for op in ops:
                 if op is None:  # withdrawn
                     results.append(_WITHDRAWN)
                     continue
                 conn.execute("SAVEPOINT group_commit")
                 result = self.attempt(op)
                 if not result[0] and not conn.in_transaction:
-                    return self.after_rollback(ops, index, result, again=again)
+                    return self.after_rollback(ops, results, result, again=again)
                 if not result[0]:
                     conn.execute("ROLLBACK TO group_commit")
                 conn.execute("RELEASE group_commit")
@@ -2427,31 +2427,49 @@ class _Worker:
         return results
 
     def after_rollback(
-        self, ops: Sequence[Op[Any] | None], failed: int, result: tuple[bool, Any], *, again: bool
+        self,
+        ops: Sequence[Op[Any] | None],
+        done: list[tuple[bool, Any]],
+        result: tuple[bool, Any],
+        *,
+        again: bool,
     ) -> list[tuple[bool, Any]]:
-        """The results of a group whose op ``failed`` ended the whole transaction with its error
-        (SQLITE_FULL, an I/O error, a trigger's RAISE(ROLLBACK)): nothing of the group is left.
+        """The results of a group whose op after those ``done`` ended the whole transaction
+        with its error ``result`` (SQLITE_FULL, an I/O error, a trigger's RAISE(ROLLBACK)):
+        nothing of the group is left.
 
-        That op gets its error. The others lost their work through no fault of their own, and
-        may well succeed alone (a disk filled by one big insert_jobs): they run again, once, in
-        a transaction of their own. Not an op that cannot run twice (a RunsOnce whose first run
-        consumed its jobs' generator), nor any op when the rerun ends its transaction too (the
-        disk still full): each of those gets the error, its own instance, translated afresh.
+        That op gets its error, and an op that had failed already keeps its own. The others lost
+        their work through no fault of their own, and may well succeed without it (a disk filled
+        by one big insert_jobs): ``again``, they run again, once, in a transaction of their
+        own. Not an op that cannot run twice (a RunsOnce whose first run consumed its jobs'
+        generator), nor any op once a rerun ends its transaction too (the disk still full):
+        each of those gets the error, its own instance, translated afresh.
         """
+        failed = len(done)
         error = result[1]
         cause = error.__cause__ or error
-        if not again:
-            return [(False, self.translate(cause)) for _ in ops]
-        rerun = [
-            op if index > failed or not isinstance(op, RunsOnce) else None
-            for index, op in enumerate(ops)
-        ]
-        rerun[failed] = None
-        results = self.transact_locked(rerun, again=False)
+        rerun: list[Op[Any] | None] = [None] * len(ops)
+        if again:
+            for index, op in enumerate(ops):
+                if index > failed or (
+                    index < failed and done[index][0] and not isinstance(op, RunsOnce)
+                ):
+                    rerun[index] = op
+        rerun_results = (
+            self.transact_locked(rerun, again=False) if any(rerun) else [_WITHDRAWN] * len(ops)
+        )
+        results: list[tuple[bool, Any]] = []
         for index, op in enumerate(ops):
-            if op is not None and rerun[index] is None:
-                results[index] = (False, self.translate(cause))
-        results[failed] = result
+            if index == failed:
+                results.append(result)
+            elif op is None:  # withdrawn
+                results.append(_WITHDRAWN)
+            elif rerun[index] is not None:
+                results.append(rerun_results[index])
+            elif index < failed and not done[index][0]:  # its own error stands
+                results.append(done[index])
+            else:
+                results.append((False, self.translate(cause)))
         return results
 
     def refuse_replaced_file(self) -> None:

@@ -22,6 +22,7 @@ from control_store import (
     DatabaseBusyError,
     InvalidInputError,
     JobOutcome,
+    MissingRunError,
     Run,
     RunStatus,
     StorageError,
@@ -78,7 +79,8 @@ async def test_a_write_that_fills_the_database_fails_alone_in_its_group(db_path:
     """One insert_jobs too big for the room left, grouped with small writes before and after
     it: SQLite rolls back the whole group's transaction, yet only that call fails; the others
     run again and commit, except an insert from a generator, consumed by its first run, which
-    gets the error too (nothing of it written)."""
+    gets the error too (nothing of it written). A call that had failed on its own keeps its own
+    error."""
     async with Store.connect(db_path) as store:
         run, big = make_run(job_count=4), make_run(job_count=20_000)
         for each in (run, big):
@@ -93,16 +95,18 @@ async def test_a_write_that_fills_the_database_fails_alone_in_its_group(db_path:
         results = await asyncio.gather(
             store.record_job_outcome(run.id, JobOutcome(jobs[0].id, score=1.0)),
             store.insert_jobs(job for job in jobs[2:3]),
+            store.insert_jobs(job for job in make_jobs(make_run(), 1)),  # its run is missing
             store.insert_jobs(make_jobs(big)),
             store.insert_jobs(jobs[3:]),
             store.insert_run(late),
             return_exceptions=True,
         )
         await ahead
-        recorded, generated, too_big, listed, inserted = results
+        recorded, generated, orphan, too_big, listed, inserted = results
         assert recorded is True
         assert isinstance(too_big, StorageError)
         assert isinstance(generated, StorageError)
+        assert isinstance(orphan, MissingRunError)
         assert (listed, inserted) == (None, None)
         assert [job.id for job in await store.list_jobs(run.id)] == [
             jobs[0].id,
