@@ -1111,14 +1111,11 @@ _IF_INSERTED: Final = (
 
 def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
     # executemany pulls one row at a time through map, so any iterable streams in bounded
-    # memory; last() is the row being inserted when a constraint fails. The iterator of a
-    # list or a tuple cannot raise: only other iterables need _pulled's guard, whose frame
-    # costs up to 3% of a row's insert.
+    # memory; last() is the row being inserted when a constraint fails.
     encode, last, per_run = _codec.job_encoder()
-    source = jobs if type(jobs) in (list, tuple) else _pulled(jobs)
     try:
-        cursor = conn.executemany(INSERT_JOB, map(encode, source))
-    except InvalidInputError as exc:  # encode's: _pulled wraps what the caller's jobs raise
+        cursor = conn.executemany(INSERT_JOB, map(encode, guarded(jobs)))
+    except InvalidInputError as exc:  # encode's: guarded() wraps what the caller's jobs raise
         _codec.in_batch(exc, "jobs", sum(per_run().values()))
         raise
     except sqlite3.IntegrityError as exc:
@@ -1159,20 +1156,26 @@ class RunsOnce:
         return self.op(conn)
 
 
-def _pulled(jobs: Iterable[Job]) -> Iterator[Job]:
-    """The caller's jobs, pulled on the worker's thread; what its iterable raises comes wrapped
-    in RaisedByCaller, so that it reaches the caller as it is: an error of the caller's own
-    source (another database's cursor failing, say) must not be translated into one of this
-    store's (a locked or closed store, a value too long)."""
+def guarded(items: Iterable[T]) -> Iterable[T]:
+    """The caller's batch, with what its iterable raises wrapped in RaisedByCaller, so that it
+    reaches the caller as it is: an error of the caller's own source (another database's
+    cursor failing, say) must never be taken for, or turned into, one of this store's (a
+    locked or closed store, a value too long, a refused item). The iterator of a list or a
+    tuple cannot raise, and skips the guard, whose frame costs up to 3% of a job's insert."""
+    return items if type(items) in (list, tuple) else _pulled(items)
+
+
+def _pulled(items: Iterable[T]) -> Iterator[T]:
     try:
-        yield from jobs
+        yield from items
     except Exception as exc:
         raise RaisedByCaller(exc) from None
 
 
 class RaisedByCaller(Exception):
     """An exception the caller's own iterable raised inside an op: translate() lets it through,
-    and SqliteBackend.write raises the caller's exception itself."""
+    and SqliteBackend.write raises the caller's exception itself (as does Store, for a batch
+    it reads on the loop's thread)."""
 
     def __init__(self, raised: Exception) -> None:
         super().__init__(raised)
@@ -1294,9 +1297,10 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
     outcomes (the list is Store.check's docstring).
 
     Findings that change an id come last, in an order that lets each repair be made as
-    written: first every finding that names a row by its id as stored, then the rewrites of
-    run ids, then the jobs whose run is missing (by their ids as stored; some re-attach to a
-    rewritten run), then the rewrites of job ids, then the copies to delete.
+    written: first every finding that names a row by its id as stored, then the run ids to
+    repair (unreadable, then to rewrite), then the jobs whose run is missing (by their ids as
+    stored; some re-attach to a rewritten run), then the job ids to repair (the same way), then
+    the copies to delete.
     """
     run_rewrites: list[tuple[str, object, str]] = []  # run ids, to canonical text
     job_rewrites: list[tuple[str, object, str]] = []  # job ids, to canonical text
@@ -1396,6 +1400,9 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
             )
         )
     unreadable_runs: list[object] = []  # ids that are no UUID: no repair can be judged by them
+    # Their findings, made after every finding that names the row by that id.
+    run_ids: list[tuple[str, object, str]] = []
+    job_ids: list[tuple[str, object, str]] = []
     unreadable_parents = False  # a job's run_id is no UUID: its run is unknown
     decoders = (
         (SELECT_ALL_RUNS, _codec.decode_run, _codec.run_cell_errors),
@@ -1412,7 +1419,11 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
                 # UUID is not among them: it has its own finding, with its rewrite.
                 errors = cell_errors(row)
             for exc in errors:
-                found(exc.table, exc.row_id, str(exc))
+                if exc.column != "id":
+                    found(exc.table, exc.row_id, str(exc))
+                else:  # its repair changes the id the row's other findings name it by
+                    ids = run_ids if exc.table == "runs" else job_ids
+                    ids.append((exc.table, exc.row_id, str(exc)))
                 # Read as spelt, an id is refused only when it is no UUID at all.
                 if exc.column == "id" and exc.table == "runs":
                     unreadable_runs.append(row[0])
@@ -1453,6 +1464,8 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
             _codec.id_text(job_id),
             f"job {_codec.id_text(job_id)} is {status!r} but {what}; {fix}",
         )
+    for finding in run_ids:
+        found(*finding)
     for table, row_id, message in run_rewrites:
         if unreadable_runs:
             message += _repair_first(
@@ -1460,7 +1473,7 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
                 "if one is this run, this row is a second copy, as check() then says",
             )
         found(table, row_id, message)
-    for finding in (*attached, *job_rewrites, *deletions):
+    for finding in (*attached, *job_ids, *job_rewrites, *deletions):
         found(*finding)
 
 

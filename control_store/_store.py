@@ -415,11 +415,16 @@ class Store:
         )
         # Encoded here, before the hop: a bad outcome anywhere fails the call with nothing sent.
         rows: list[tuple[str, str]] = []
+        raised: Exception | None = None
         try:
-            rows.extend(map(_codec.outcome_params, outcomes))  # appends as it goes
-        except InvalidInputError as exc:  # the codec's: no caller's iterable has one to raise
+            rows.extend(map(_codec.outcome_params, _sqlite.guarded(outcomes)))  # one by one
+        except InvalidInputError as exc:  # the codec's, refusing the item after those in rows
             _codec.in_batch(exc, "outcomes", len(rows))
             raise
+        except _sqlite.RaisedByCaller as exc:
+            raised = exc.raised
+        if raised is not None:  # raised here, outside the handler, it keeps its own context
+            raise raised
         if not rows:  # nothing to send; refused where any call would be
             backend.admit()
             return []
@@ -469,8 +474,8 @@ class Store:
 
         A run is judged by its jobs with an outcome, never by its stored done_count, which may
         be the very thing at fault. Findings come in an order in which each repair can be made
-        as written: those naming rows by their ids as stored first, the id rewrites and copies
-        to delete last.
+        as written: those naming rows by their ids as stored first, the repairs of ids
+        (unreadable or to rewrite) and copies to delete last.
         """
         backend = self._open()
         return await backend.read(_sqlite.op_check)

@@ -176,6 +176,27 @@ async def test_a_bad_outcome_in_a_batch_records_nothing(store: Store) -> None:
     assert await store.list_jobs(run.id) == jobs
 
 
+async def test_what_an_outcome_generator_raises_reaches_the_caller_untouched(store: Store) -> None:
+    """The caller's own exception, even a ControlError the store itself might raise, comes back
+    as the very object with its message as it was, however often it is raised."""
+    run = make_run(job_count=1)
+    (job,) = make_jobs(run)
+    await store.insert_run(run)
+    await store.insert_jobs([job])
+    mine = InvalidInputError("score file line 3: not a number")
+
+    def outcomes() -> Iterator[JobOutcome]:
+        yield JobOutcome(job.id)
+        raise mine
+
+    for _ in range(2):
+        with pytest.raises(InvalidInputError) as caught:
+            await store.record_job_outcomes(run.id, outcomes())
+        assert caught.value is mine
+        assert str(mine) == "score file line 3: not a number"
+    assert await store.get_run(run.id) == run
+
+
 async def test_a_refused_item_is_named_by_its_place_in_the_batch(store: Store) -> None:
     """An item of a batch that is refused, from a list or a generator, is named by its place
     (a None has no id to name it by), and the message says nothing of the call was written."""

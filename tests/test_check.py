@@ -918,3 +918,24 @@ async def test_every_unreadable_cell_of_a_row_is_a_finding_of_its_own(db_path: P
             value = good[(table, column)]
             conn.execute(f"UPDATE {table} SET {column} = ? WHERE id = ?", (value, row_id))
     assert await _check(db_path) == []
+
+
+async def test_an_unreadable_id_comes_after_every_other_finding_of_its_row(db_path: Path) -> None:
+    """Repairing an unreadable id changes the id a row's other findings name it by, so those
+    come first: its other bad cells (a job's run_id too), and for a job its status finding."""
+    run, jobs = await stored_run(db_path)
+    bad_run, bad_job = f"{run.id} ", f"{jobs[0].id} "
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("UPDATE runs SET id = ?, status = 'finished', done_count = -1", (bad_run,))
+        conn.execute("UPDATE jobs SET run_id = ?", (bad_run,))
+        conn.execute(
+            "UPDATE jobs SET id = ?, attempt = -1, status = 'done' WHERE id = ?",
+            (bad_job, str(jobs[0].id)),
+        )
+    problems = await _check(db_path)
+    for row_id, findings in ((bad_run, 3), (bad_job, 4)):
+        named = [p.message for p in problems if p.row_id == row_id]
+        assert len(named) == findings, named
+        assert re.search(r"\.id of row .*expected a UUID\)", named[-1])
+        assert not any(".id of row" in message for message in named[:-1])
