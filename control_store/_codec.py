@@ -562,8 +562,9 @@ _BY_HAND: Final = "repair the row by hand or restore it from a backup"
 
 
 def id_text(value: object) -> str:
-    """A stored id as a message shows it: text as is, anything else (bytes, a number) as repr."""
-    return value if isinstance(value, str) else repr(value)
+    """A stored id as a message shows it: text as is, anything else (bytes, a number) as
+    shown() shows it."""
+    return value if isinstance(value, str) else shown(value)
 
 
 def corrupt_row(
@@ -577,7 +578,7 @@ def corrupt_row(
     """The error for a stored value this version cannot read."""
     row = id_text(row_id)
     return CorruptRowError(
-        f"{table}.{column} of row {row} holds {value!r}, which this version "
+        f"{table}.{column} of row {row} holds {shown(value)}, which this version "
         f"cannot read ({why}); {fix}",
         table=table,
         column=column,

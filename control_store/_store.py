@@ -13,7 +13,13 @@ from typing import Any, Self
 
 from . import _codec, _sqlite
 from ._show import shown, typed
-from .errors import InvalidInputError, ReadOnlyStoreError, StoreClosedError, WrongEventLoopError
+from .errors import (
+    ConfigurationError,
+    InvalidInputError,
+    ReadOnlyStoreError,
+    StoreClosedError,
+    WrongEventLoopError,
+)
 from .models import Job, JobOutcome, Problem, Run, RunStatus
 
 __all__ = ["MigrationState", "Store"]
@@ -185,6 +191,12 @@ class Store:
     """
 
     def __init__(self, backend: _sqlite.SqliteBackend) -> None:
+        if not isinstance(backend, _sqlite.SqliteBackend):  # Store(url): a natural first guess
+            raise ConfigurationError(
+                f"Store() takes the store's backend, which Store.connect makes, not "
+                f"{typed(backend)}; nothing was opened: open a store with "
+                "'await Store.connect(url)' or 'async with Store.connect(url) as store'"
+            )
         self._backend: _sqlite.SqliteBackend | None = backend
         self._closed: _sqlite.SqliteBackend | None = None  # once closing: what close() awaits
 
@@ -277,7 +289,10 @@ class Store:
     def _connected(self) -> _sqlite.SqliteBackend:
         """The backend, whatever its schema: for migrate() and migration_status()."""
         if self._backend is None:
-            raise StoreClosedError("the store is closed; open a new one with Store.connect(url)")
+            where = "" if self._closed is None else f" on {self._closed.database}"
+            raise StoreClosedError(
+                f"the store{where} is closed; open a new one with Store.connect(url)"
+            )
         return self._backend
 
     def _writable(self, method: str) -> _sqlite.SqliteBackend:

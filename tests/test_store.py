@@ -16,6 +16,7 @@ import pytest
 
 from control_store import (
     AlreadyExistsError,
+    ConfigurationError,
     ConstraintError,
     EvalJob,
     InvalidInputError,
@@ -624,8 +625,11 @@ async def test_an_async_iterator_of_jobs_is_refused_with_the_fix(store: Store) -
 
 
 async def test_every_call_on_a_closed_store_says_closed(store: Store) -> None:
-    """After close(), every method raises StoreClosedError; close() again is a no-op."""
+    """After close(), every method raises StoreClosedError naming the store's database;
+    close() again is a no-op."""
     run = make_run()
+    backend = store._backend
+    assert backend is not None
     await store.close()
     await store.close()
     assert store.closed
@@ -641,8 +645,17 @@ async def test_every_call_on_a_closed_store_says_closed(store: Store) -> None:
         store.check(),
     ]
     for call in calls:
-        with pytest.raises(StoreClosedError, match="closed"):
+        with pytest.raises(StoreClosedError, match="closed") as caught:
             await call
+        assert f"the store on {backend.database} is closed" in str(caught.value)
+
+
+def test_a_store_made_from_a_url_says_to_connect() -> None:
+    """Store(url), a natural first guess, is refused at once with the way to open a store,
+    not left to fail at its first call with an AttributeError."""
+    for url in ("sqlite://control.db", Path("control.db")):
+        with pytest.raises(ConfigurationError, match=r"await Store\.connect\(url\)"):
+            Store(url)  # type: ignore[arg-type]
 
 
 async def test_list_runs_newest_first_with_filters(store: Store) -> None:

@@ -123,3 +123,27 @@ async def test_jobs_for_a_missing_run_with_foreign_keys_off_name_the_job(store: 
     assert f"run {run.id}, which does not exist" in message
     assert any(f"job {job.id} " in message for job in jobs)
     assert await store.list_jobs(run.id) == []
+
+
+async def test_a_huge_unreadable_value_is_shown_cut_in_messages_and_findings(
+    db_path: Path,
+) -> None:
+    """A 2 MB output edited into a bad outcome: the read's error and check()'s finding show the
+    value cut (and say how long it was), and still end with what was wrong. The error's
+    ``value`` keeps the whole value."""
+    _, (job,) = await stored_run(db_path, job_count=1)
+    output = "x" * 2_000_000
+    outcome = f'{{"job_id": "{job.id}", "score": "0.5", "output": "{output}"}}'
+    with raw_db(db_path) as conn:
+        conn.execute("UPDATE jobs SET outcome = ?, status = 'done'", (outcome,))
+        conn.execute("UPDATE runs SET done_count = 1, status = 'done'")
+    async with Store.connect(db_path) as store:
+        with pytest.raises(CorruptRowError) as caught:
+            await store.get_job(job.id)
+        (finding,) = await store.check()
+    assert caught.value.value == outcome
+    for message in (str(caught.value), finding.message):
+        assert len(message) < 2_000
+        assert f"({len(repr(outcome))} characters in all)" in message
+        assert message.endswith("repair the row by hand or restore it from a backup")
+        assert "$.score" in message
