@@ -144,16 +144,25 @@ def _timestamps_in_form(texts: Sequence[str]) -> bool:
     return all(joined[i::step].isdigit() for i in range(4))  # text[:4].isdigit(), per text
 
 
-def _check_int(value: object, *, what: str, minimum: int = _INT64_MIN) -> int:
-    """``value`` as a plain int (an int subclass's value): msgspec encodes only exact ints."""
+def _check_int(
+    value: object, *, what: str, minimum: int = _INT64_MIN, why_minimum: str = ""
+) -> int:
+    """``value`` as a plain int (an int subclass's value): msgspec encodes only exact ints.
+    ``why_minimum``: why a value below ``minimum`` cannot be, for its message."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidInputError(f"{what} must be an int, got {typed(value)}; pass int(...) of it")
-    if not minimum <= value <= _INT64_MAX:
+    plain = int.__index__(value)  # for a subclass, a plain int copy: never its own methods
+    if plain < minimum:
         raise InvalidInputError(
-            f"{what} is {shown(value)}, outside {minimum}..{_INT64_MAX}; "
+            f"{what} is {shown(plain)}, below {minimum}{why_minimum}; nothing was stored: "
+            f"pass at least {minimum}"
+        )
+    if plain > _INT64_MAX or plain < _INT64_MIN:
+        raise InvalidInputError(
+            f"{what} is {shown(plain)}, outside {minimum}..{_INT64_MAX}; "
             "SQLite stores 64-bit integers, so pass a value in that range"
         )
-    return int.__index__(value)  # for a subclass, a plain int copy; never its own __index__
+    return plain
 
 
 _S = TypeVar("_S", RunStatus, JobStatus)
@@ -312,15 +321,24 @@ def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, in
     where = f"run {run_id}"
     manifest = _check_str(run.manifest, what=f"{where}: manifest")
     models = _check_models(run.models, where=where)
-    epochs = _check_int(run.epochs, what=f"{where}: epochs", minimum=1)
-    job_count = _check_int(run.job_count, what=f"{where}: job_count", minimum=0)
-    if job_count == 0:
-        raise InvalidInputError(
-            f"{where}: job_count is 0, but a run is done when its last job's outcome is "
-            "recorded, so a run of no jobs could never be done; nothing was stored: insert a "
-            "run with the number of jobs it will have (at least 1)"
-        )
-    _check_int(run.done_count, what=f"{where}: done_count", minimum=0)
+    epochs = _check_int(
+        run.epochs,
+        what=f"{where}: epochs",
+        minimum=1,
+        why_minimum=" (a run evaluates at least once)",
+    )
+    job_count = _check_int(
+        run.job_count,
+        what=f"{where}: job_count",
+        minimum=1,
+        why_minimum=(
+            " (a run is done when its last job's outcome is recorded, so a run of no jobs "
+            "could never be done)"
+        ),
+    )
+    _check_int(
+        run.done_count, what=f"{where}: done_count", minimum=0, why_minimum=" (a count of jobs)"
+    )
     # A run is inserted before its jobs (they refer to it), so it has none done yet, and only
     # the outcomes recorded later may count them and finish it: any other start would leave
     # its counters disagreeing with its jobs (what check() reports).
@@ -533,7 +551,9 @@ def _checked_job_params(job: Job) -> JobRow:
         _check_int(spec.epoch, what=f"{where}: spec.epoch"),
     )
     status = _status(job.status, JobStatus, what=f"{where}: status")
-    attempt = _check_int(job.attempt, what=f"{where}: attempt", minimum=0)
+    attempt = _check_int(
+        job.attempt, what=f"{where}: attempt", minimum=0, why_minimum=" (a count of tries)"
+    )
     # Only a recorded outcome marks a job done, and counts it in its run's done_count: a job
     # inserted done, or with an outcome, would leave the two disagreeing (see check()).
     if status is JobStatus.DONE or job.outcome is not None:

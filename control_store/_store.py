@@ -28,10 +28,14 @@ MigrationState = _sqlite.MigrationState
 
 
 def _id(value: object, *, what: str) -> str:
-    """An id argument's canonical text; refused, with the fix, if it is no uuid.UUID."""
-    return _codec.check_uuid(
-        value, what=what, otherwise="pass the id of a Run or Job (a uuid.UUID), e.g. run.id"
-    )
+    """An id argument (``run_id`` or ``job_id``)'s canonical text; refused, with the fix, if it
+    is no uuid.UUID."""
+    owner = what.removesuffix("_id")
+    if isinstance(value, Run | Job):  # the record where its id was meant
+        otherwise = f"pass {owner}.id, not the {type(value).__name__} itself"
+    else:
+        otherwise = f"pass the {owner}'s id (a uuid.UUID), e.g. {owner}.id"
+    return _codec.check_uuid(value, what=what, otherwise=otherwise)
 
 
 _INT64_MAX = 2**63 - 1

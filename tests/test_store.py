@@ -410,9 +410,9 @@ async def test_outcome_for_another_runs_job_changes_nothing(store: Store) -> Non
 @pytest.mark.parametrize(
     ("run", "match"),
     [
-        (Run("m", ["a"], 0, 1), "epochs"),
-        (Run("m", ["a"], 1, -1), "job_count"),
-        (Run("m", ["a"], 1, 2**63), "job_count"),
+        (Run("m", ["a"], 0, 1), r"epochs is 0, below 1 \(a run evaluates at least once\)"),
+        (Run("m", ["a"], 1, -1), r"job_count is -1, below 1 \(.* no jobs could never be done"),
+        (Run("m", ["a"], 1, 2**63), r"job_count is \d+, outside 1\.\.\d+; SQLite stores 64-bit"),
         (Run("m", ["a"], 1, 0), r"job_count is 0, .* a run of no jobs could never be done"),
         (Run("m", ["a"], 1, 3, done_count=2), "done_count is 2, but a new run has no jobs yet"),
         (
@@ -434,9 +434,9 @@ async def test_outcome_for_another_runs_job_changes_nothing(store: Store) -> Non
     ],
     ids=[
         "zero-epochs",
-        "no-jobs",
         "negative-job-count",
         "overflow",
+        "no-jobs",
         "done-count-at-insert",
         "done-at-insert",
         "naive-time",
@@ -601,9 +601,17 @@ async def test_ids_must_be_uuids(store: Store) -> None:
         await store.get_run("0f8fad5b-d9cb-469f-a165-70867728950e")  # type: ignore[arg-type]
     # No text to wrap, or text uuid.UUID() would refuse: the fix is to pass a real id.
     for not_an_id in (None, 123, "zz", "0f8fad5b-d9cb-469f-a165-70867728950 "):
-        with pytest.raises(InvalidInputError, match=r"pass the id of a Run or Job") as caught:
+        with pytest.raises(
+            InvalidInputError, match=r"pass the run's id .*e\.g\. run\.id"
+        ) as caught:
             await store.get_run(not_an_id)  # type: ignore[arg-type]
         assert "uuid.UUID(" not in str(caught.value)
+    # The record where its id was meant: the fix names that argument's own id.
+    job = Job(uuid.uuid4(), EvalJob("m", "s", 0))
+    with pytest.raises(InvalidInputError, match=r"job_id must be .*; pass job\.id, not the Job"):
+        await store.get_job(job)  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match=r"pass the job's id .*e\.g\. job\.id"):
+        await store.get_job(None)  # type: ignore[arg-type]
     with pytest.raises(InvalidInputError, match="wrap a single job"):
         await store.insert_jobs(Job(uuid.uuid4(), EvalJob("m", "s", 0)))  # type: ignore[arg-type]
     text = "0f8fad5b-d9cb-469f-a165-70867728950e"
