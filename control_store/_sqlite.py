@@ -942,10 +942,49 @@ def _strip_comments(sql: str) -> str:
 def _read_applied(conn: sqlite3.Connection) -> list[_migrate.AppliedMigration]:
     if conn.execute(SELECT_TRACKING_EXISTS, (_migrate.TRACKING_TABLE,)).fetchone() is None:
         return []
-    return [
-        _migrate.AppliedMigration(int(v), str(d), bytes(c), bool(s))
-        for v, d, c, s, _ in conn.execute(SELECT_APPLIED)
-    ]
+    return [_applied(*row) for row in conn.execute(SELECT_APPLIED)]
+
+
+def _applied(
+    version: object, description: object, checksum: object, success: object, _: object
+) -> _migrate.AppliedMigration:
+    """A tracking row as control_store writes it, or the CorruptRowError naming its cell: a
+    row edited by hand (a checksum as hex text, a version -1) must not pass for another
+    migration, or fail with a TypeError."""
+    table = _migrate.TRACKING_TABLE
+    if type(version) is not int or version < 1:
+        raise _codec.corrupt_row(
+            table,
+            "version",
+            version,
+            version,
+            "expected a migration's number, from 1",
+            fix=f"delete the row (DELETE FROM {table} WHERE version = {shown(version)}) if no "
+            "migration of that number was applied, or restore the database from a backup",
+        )
+    if type(description) is not str:
+        bad: tuple[str, object, str] = ("description", description, "expected text")
+    elif type(checksum) is not bytes:  # its length is a release's own: a newer one may differ
+        bad = ("checksum", checksum, "expected the SHA-384 of the migration's file, as a blob")
+    elif type(success) is not int or success not in (0, 1):
+        bad = ("success", success, "expected 0 or 1")
+    else:
+        return _migrate.AppliedMigration(version, description, checksum, bool(success))
+    column, value, why = bad
+    fix = f"repair the row by hand ({_tracking_row(version)}) or restore the database from a backup"
+    raise _codec.corrupt_row(table, column, version, value, why, fix)
+
+
+def _tracking_row(version: int) -> str:
+    """What control_store records for migration ``version``, as the fix for its row."""
+    for migration in _migrate.load_migrations("sqlite"):
+        if migration.version == version:
+            return (
+                f"this release records migration {version} with description "
+                f"'{migration.description}', success 1 and checksum "
+                f"X'{migration.checksum.hex()}'"
+            )
+    return "a text description, success 0 or 1, and the migration file's SHA-384 as a blob"
 
 
 def migrate(conn: sqlite3.Connection, *, database: str) -> list[int]:

@@ -11,6 +11,7 @@ import pytest
 
 from control_store import (
     ConstraintError,
+    CorruptRowError,
     DirtyMigrationError,
     MigrationChangedError,
     MigrationError,
@@ -84,6 +85,60 @@ async def test_database_from_a_newer_release_is_refused(db_path: Path) -> None:
         conn.execute(f"INSERT INTO {TRACKING} VALUES (9999, 'from the future', 'x', 1, x'00', 0)")
     with pytest.raises(UnknownMigrationError, match=r"9999.*upgrade control-store"):
         await Store.connect(db_path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "cell", "fix"),
+    [
+        (
+            f"UPDATE {TRACKING} SET checksum = hex(checksum) WHERE version = 2",
+            "checksum of row 2",
+            "checksum X'",
+        ),
+        (
+            f"UPDATE {TRACKING} SET checksum = 48 WHERE version = 2",
+            "checksum of row 2 holds 48",
+            "checksum X'",
+        ),
+        (
+            f"UPDATE {TRACKING} SET success = 'yes' WHERE version = 2",
+            "success of row 2",
+            "success 1",
+        ),
+        (
+            f"UPDATE {TRACKING} SET description = x'ff' WHERE version = 1",
+            "description of row 1",
+            "'init'",
+        ),
+        (
+            f"INSERT INTO {TRACKING} VALUES (-1, 'neg', 'x', 1, x'00', 1)",
+            "version of row -1 holds -1",
+            f"DELETE FROM {TRACKING} WHERE version = -1",
+        ),
+    ],
+    ids=[
+        "checksum-as-hex",
+        "checksum-as-int",
+        "success-as-text",
+        "description-blob",
+        "version-below-1",
+    ],
+)
+@pytest.mark.parametrize("read_only", [False, True], ids=["writer", "read-only"])
+async def test_a_hand_edited_tracking_row_is_named_with_its_repair(
+    db_path: Path, edit: str, cell: str, fix: str, *, read_only: bool
+) -> None:
+    """A tracking row edited by hand is a CorruptRowError naming its cell and the value this
+    release would have written, not a raw TypeError or another migration's error; the file is
+    untouched."""
+    with raw_db(db_path) as conn:
+        conn.execute(edit)
+    before = db_path.read_bytes()
+    with pytest.raises(CorruptRowError) as caught:
+        await Store.connect(db_path, read_only=read_only)
+    assert f"{TRACKING}.{cell}" in str(caught.value)
+    assert fix in str(caught.value)
+    assert db_path.read_bytes() == before
 
 
 async def test_failed_migration_is_refused(db_path: Path) -> None:
