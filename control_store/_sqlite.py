@@ -27,7 +27,7 @@ import time
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any, Final, NoReturn, TypeVar, cast
 
@@ -233,6 +233,13 @@ CREATE TABLE IF NOT EXISTS {_migrate.TRACKING_TABLE} (
     execution_time  INTEGER NOT NULL
 )
 """
+# The tables and indexes of the schema (not SQLite's own, nor the tracking table, which
+# connect reads and checks), and a table's columns.
+SELECT_SCHEMA: Final = (
+    "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN ('table', 'index') "
+    f"AND name NOT LIKE 'sqlite%' AND name != '{_migrate.TRACKING_TABLE}' ORDER BY rowid"
+)
+SELECT_COLUMNS: Final = "SELECT * FROM pragma_table_info(?)"
 SELECT_APPLIED: Final = (
     f"SELECT version, description, checksum, success, installed_on "
     f"FROM {_migrate.TRACKING_TABLE} ORDER BY version"
@@ -562,6 +569,13 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
             error.retryable = True
         elif isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc):
             error = StoreClosedError(f"the store for {database} is closed; connect again")
+        elif str(exc).startswith(("no such table", "no such column")):
+            error = MigrationError(
+                f"{database} lacks part of the schema this release made [{detail}]: a table or "
+                "column was dropped (by hand, or by a tool); nothing was written: run "
+                "store.check() (control-store check), which names what is missing and how to "
+                "repair it"
+            )
         else:
             error = ControlError(f"{database} failed: {detail}")
     elif isinstance(exc, OverflowError):  # sqlite3 binding a text of over 2**31 - 1 bytes
@@ -1297,6 +1311,67 @@ def integrity_repair(line: str) -> str:
     return f"SQLite integrity check: {line}; {fix}"
 
 
+@cache
+def _expected_schema() -> list[tuple[str, str, str, str, list[str]]]:
+    """The tables and indexes this release's migrations make: (type, name, table, the SQL that
+    makes it, a table's columns), read from an in-memory database the migrations ran on."""
+    conn = sqlite3.connect(MEMORY)
+    try:
+        for migration in _migrate.load_migrations("sqlite"):
+            conn.executescript(migration.sql)
+        return [
+            (kind, name, table, " ".join(sql.split()), _columns(conn, name))
+            for kind, name, table, sql in conn.execute(SELECT_SCHEMA).fetchall()
+        ]
+    finally:
+        conn.close()
+
+
+def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], None]) -> bool:
+    """Report what this release's schema has that the database lacks (dropped by hand or by a
+    tool), each with its repair; False if a table or a column is missing, which the row checks
+    need. What the database has beyond it (a user's own table, column or index) is no finding.
+    """
+    have = {name: kind for kind, name, _, _ in conn.execute(SELECT_SCHEMA)}
+    sound = True
+    for kind, name, table, sql, columns in _expected_schema():
+        if kind == "index" and have.get(table) == "table" and have.get(name) != "index":
+            found("database", "", f"the schema lacks index {name}; make it again: {sql}")
+        elif kind == "table" and have.get(name) != "table":
+            sound = False
+            make = "; ".join(
+                made for _, _, of, made, _ in _expected_schema() if of == name
+            )  # the table, then its indexes
+            found(
+                "database",
+                "",
+                f"the schema lacks table {name}, and its rows with it; restore the database "
+                f"from a backup (without one, make it again, empty: {make})",
+            )
+        elif kind == "table":
+            present = set(_columns(conn, name))
+            for column in columns:
+                if column not in present:
+                    sound = False
+                    found(
+                        "database",
+                        "",
+                        f"the schema lacks column {name}.{column}, and its values with it; "
+                        "restore the database from a backup",
+                    )
+    return sound
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    return [column for _, column, *_ in conn.execute(SELECT_COLUMNS, (table,))]
+
+
+_ROWS_NEED_SCHEMA: Final = (
+    "the row-level checks were skipped: they read the tables and columns this release's "
+    "schema has; make the repairs above, then run check() again"
+)
+
+
 def op_check(conn: sqlite3.Connection) -> list[Problem]:
     """Every inconsistency in the database, read in one snapshot, changing nothing."""
     problems: list[Problem] = []
@@ -1320,6 +1395,8 @@ def op_check(conn: sqlite3.Connection) -> list[Problem]:
                 # idx_jobs_run): over an index missing rows they would report, say, a wrong
                 # job_rows whose "repair" breaks a sound run. Repair the file first.
                 found("database", "", _ROWS_SKIPPED)
+            elif not _schema_sound(conn, found):
+                found("database", "", _ROWS_NEED_SCHEMA)
             else:
                 _check_rows(conn, found)
     finally:

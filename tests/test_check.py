@@ -14,6 +14,7 @@ from control_store import (
     CorruptRowError,
     Job,
     JobOutcome,
+    MigrationError,
     MissingRunError,
     NotFoundError,
     Problem,
@@ -939,3 +940,43 @@ async def test_an_unreadable_id_comes_after_every_other_finding_of_its_row(db_pa
         assert len(named) == findings, named
         assert re.search(r"\.id of row .*expected a UUID\)", named[-1])
         assert not any(".id of row" in message for message in named[:-1])
+
+
+@pytest.mark.parametrize(
+    ("edit", "lacks", "rows_checked"),
+    [
+        ("DROP INDEX idx_jobs_run", "index idx_jobs_run; make it again: CREATE INDEX", True),
+        ("DROP TABLE jobs", "table jobs, and its rows with it; restore", False),
+        ("ALTER TABLE runs DROP COLUMN job_rows", "column runs.job_rows, and its values", False),
+        ("CREATE TABLE mine (x); CREATE INDEX my_index ON runs (manifest)", None, True),
+    ],
+    ids=["index", "table", "column", "a-users-own-additions"],
+)
+async def test_a_schema_missing_a_part_is_reported_with_its_repair(
+    db_path: Path, edit: str, lacks: str | None, *, rows_checked: bool
+) -> None:
+    """A table, column or index of this release's schema dropped by hand is a finding with its
+    repair (the index's own CREATE); without a table or column the row checks are skipped,
+    saying so. A user's own tables and indexes are no finding. Calls that need the missing
+    part say to run check()."""
+    run, _ = await stored_run(db_path)
+    with raw_db(db_path) as conn:
+        conn.executescript(edit)
+        conn.execute("UPDATE runs SET done_count = 5")  # a row-level fault, found if checked
+    problems = await _check(db_path)
+    messages = [p.message for p in problems if p.table == "database"]
+    if lacks is None:
+        assert messages == []
+    else:
+        assert f"the schema lacks {lacks}" in messages[0]
+    assert any("has done_count 5" in p.message for p in problems) == rows_checked
+    assert any("row-level checks were skipped" in m for m in messages) != rows_checked
+    if lacks is not None and "index" in lacks:
+        with raw_db(db_path) as conn:
+            conn.execute(messages[0].split("make it again: ")[1])
+            conn.execute("UPDATE runs SET done_count = 0")
+        assert await _check(db_path) == []
+    if not rows_checked:
+        async with Store.connect(db_path) as store:
+            with pytest.raises(MigrationError, match=r"lacks part of the schema.*check\(\)"):
+                await store.insert_jobs(make_jobs(run, 1))
