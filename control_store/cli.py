@@ -255,6 +255,12 @@ def _naming_the_url(args: argparse.Namespace) -> Iterator[None]:
         raise
 
 
+def _given_url(args: argparse.Namespace, url: str) -> list[str]:
+    """``--url URL`` for a suggested command when the user gave --url: without it, the command
+    pasted would open $CONTROL_STORE_URL or the default instead (they need no option)."""
+    return ["--url", _sqlite.redact(url)] if getattr(args, "url", None) else []
+
+
 def _command(*argv: str) -> str:
     """A command line to suggest, quoted for a POSIX shell (shlex), so that it works when
     pasted: a URL with a space or a quote stays one argument. Framed in single quotes, or in
@@ -303,7 +309,8 @@ async def _open_existing(args: argparse.Namespace) -> Store:
 
 async def _open_read_only(args: argparse.Namespace) -> Store:
     url = _url(args)
-    hint = f"create one with {_command('migrate')} (or {_command('demo')})"
+    given = _given_url(args, url)
+    hint = f"create one with {_command('migrate', *given)} (or {_command('demo', *given)})"
     path = _database_path(url, create_hint=hint)
     if path == _sqlite.MEMORY:
         # A new in-memory database, empty, which a read-only store refuses: migrated, so the
@@ -379,7 +386,8 @@ async def _open_for_status(args: argparse.Namespace) -> Store:
     """Open the store read-only to list its migrations, at whatever version it is."""
     url = _url(args)
     with _naming_the_url(args):
-        path = _database_path(url, create_hint=f"create one with {_command('migrate')}")
+        hint = f"create one with {_command('migrate', *_given_url(args, url))}"
+        path = _database_path(url, create_hint=hint)
         if path == _sqlite.MEMORY:
             return _track(
                 args, await Store.connect(url, busy_timeout=_busy_timeout(args), migrate=False)
@@ -974,7 +982,9 @@ def _parser() -> argparse.ArgumentParser:
         "dispatch their jobs to simulated workers delivering at-least-once, then verify "
         "against the database that every job was counted exactly once. Its --busy-timeout "
         f"defaults to {DEMO_BUSY_TIMEOUT:g} s, not 5: its processes all start writing to one "
-        "file at once.",
+        f"file at once. Its sizes are a demo's: at most {MAX_DEMO_JOBS:,} jobs in all (R x M x "
+        f"N x E), {MAX_DEMO_PROCESSES} processes, {MAX_DEMO_SCHEDULERS:,} schedulers, "
+        f"{MAX_DEMO_WORKERS:,} workers per scheduler.",
     )
     sizes = demo.add_argument_group("sizes")
     sizes.add_argument("--runs", type=_positive_int, default=8, metavar="R", help="default: 8")
@@ -989,7 +999,8 @@ def _parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=2,
         metavar="P",
-        help="OS processes the schedulers are spread over (default: 2)",
+        help="OS processes the schedulers are spread over "
+        f"(default: 2; at most {MAX_DEMO_PROCESSES})",
     )
     sizes.add_argument(
         "--workers", type=_positive_int, default=8, metavar="W", help="per scheduler (default: 8)"

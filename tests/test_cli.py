@@ -489,15 +489,20 @@ def _suggested(line: str, before: str) -> str:
 
 
 @pytest.mark.parametrize("name", ["my dir/o ld.db", "it's here/o.db"])
-def test_a_suggested_command_works_when_pasted_into_a_shell(tmp_path: Path, name: str) -> None:
-    """The command an error suggests quotes its URL for the shell: with a space or a quote in
-    the path, pasted as printed it creates the schema, and the failed command then works."""
+@pytest.mark.parametrize("empty", [True, False], ids=["empty-file", "missing-file"])
+def test_a_suggested_command_works_when_pasted_into_a_shell(
+    tmp_path: Path, name: str, empty: bool
+) -> None:
+    """The migrate command an error suggests names the --url given, quoted for the shell: with
+    a space or a quote in the path, pasted as printed it creates that database (not the
+    default one), and the failed command then works."""
     path = tmp_path / name
     path.parent.mkdir()
-    path.touch()  # an empty file: no schema yet
+    if empty:
+        path.touch()  # an empty file: no schema yet
     code, out, err = run_subprocess("runs", "--url", name, cwd=tmp_path)
-    assert_one_line_error((code, out, err), "holds no control_store schema")
-    command = _suggested(err, "(which refuses")
+    assert_one_line_error((code, out, err), "no control_store schema" if empty else "no database")
+    command = _suggested(err, "(which refuses" if empty else "(or")
     assert command.startswith("control-store migrate --url ")
     pasted = command.replace("control-store", shlex.quote(sys.executable) + " -m control_store", 1)
     done = subprocess.run(
@@ -505,6 +510,7 @@ def test_a_suggested_command_works_when_pasted_into_a_shell(tmp_path: Path, name
     )
     assert done.returncode == 0, done.stderr
     assert run_subprocess("runs", "--url", name, cwd=tmp_path)[:1] == (0,)
+    assert not (tmp_path / "control.db").exists()
 
 
 def test_the_migrate_command_suggested_for_a_path_with_a_space_is_quoted(
