@@ -1170,7 +1170,7 @@ def _demo_leftovers(args: argparse.Namespace) -> str:
     """What a demo stopped early left behind, and what to do about it."""
     stage = getattr(args, "demo_stage", None)
     refused = (
-        "a later demo refuses that file while any of them is still queued: delete the file, or "
+        "a later demo refuses that file while it holds a queued run: delete the file, or "
         "give the next demo another --url"
     )
     if stage == "submitting":
