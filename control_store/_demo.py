@@ -22,6 +22,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -134,18 +135,36 @@ def pseudo_outcome(job: Job, attempt: int, error_rate: float) -> JobOutcome:
     return JobOutcome(job.id, score=1.0 if draw < 0.35 + 0.6 * quality else 0.0, output=output)
 
 
-def make_runs(config: DemoConfig) -> Iterator[tuple[Run, list[Job]]]:
-    """The demo's runs, each with its jobs: every model on every sample in every epoch."""
+class Stopped(Exception):
+    """The demo was stopped while a run's jobs were being generated: they are not inserted."""
+
+
+def make_runs(
+    config: DemoConfig, stop: threading.Event | None = None
+) -> Iterator[tuple[Run, Iterator[Job]]]:
+    """The demo's runs, each with its jobs: every model on every sample in every epoch.
+
+    The jobs come as a generator, not a list: a run may hold a million jobs (see the CLI's
+    size limits), whose list would take seconds to build on the event loop, deaf to signals
+    meanwhile, and a gigabyte to hold. insert_jobs consumes the generator on the store's
+    thread, one job at a time. Once ``stop`` is set, the generator raises Stopped at its next
+    job, so the insert rolls back instead of running on after the demo was interrupted.
+    """
     models = config.model_names()
     for index in range(config.runs):
         run = Run(f"demo/suite-{index + 1}.yaml", models, config.epochs, config.jobs_per_run)
-        jobs = [
-            Job(run.id, EvalJob(model, f"sample-{sample:04d}", epoch))
-            for epoch in range(config.epochs)
-            for model in models
-            for sample in range(config.samples)
-        ]
-        yield run, jobs
+        yield run, _jobs_of(run, config, models, stop or threading.Event())
+
+
+def _jobs_of(
+    run: Run, config: DemoConfig, models: list[str], stop: threading.Event
+) -> Iterator[Job]:
+    for epoch in range(config.epochs):
+        for model in models:
+            for sample in range(config.samples):
+                if stop.is_set():
+                    raise Stopped(f"the demo stopped while the jobs of run {run.id} were inserted")
+                yield Job(run.id, EvalJob(model, f"sample-{sample:04d}", epoch))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,14 +383,46 @@ class FleetResult:
     exit_codes: list[int | None]
 
 
-async def submit(store: Store, config: DemoConfig) -> list[Run]:
-    """Insert the demo's runs and jobs; return the runs."""
-    runs: list[Run] = []
-    for run, jobs in make_runs(config):
-        await store.insert_run(run)
-        await store.insert_jobs(jobs)
-        runs.append(run)
-    return runs
+@dataclass
+class Submitted:
+    """What submit has written so far: only what the store confirmed committed, so that a demo
+    stopped part-way says truly what it left in the database."""
+
+    runs: list[Run] = field(default_factory=list)
+    """Runs written with every one of their jobs."""
+    without_jobs: Run | None = None
+    """A run whose row was written, but whose jobs were not (yet, or ever: stopped between)."""
+
+
+async def submit(store: Store, config: DemoConfig, submitted: Submitted | None = None) -> list[Run]:
+    """Insert the demo's runs and jobs, recording each write in ``submitted``; return the runs.
+
+    Cancelled (the CLI's stop signal), it stops the job generator and waits for the write in
+    flight to commit or roll back before it lets the cancellation through: a write that has
+    started on the store's thread finishes either way, and ``submitted`` must say which.
+    """
+    done = Submitted() if submitted is None else submitted
+    stop = threading.Event()
+    for run, jobs in make_runs(config, stop):
+        writing = asyncio.ensure_future(_submit_run(store, run, jobs, done))
+        try:
+            await asyncio.shield(writing)
+        except asyncio.CancelledError:
+            stop.set()
+            # Its outcome is in ``done``; its error (Stopped, or the interrupted statement's
+            # ControlError) only says it did not commit.
+            with contextlib.suppress(Exception):
+                await writing
+            raise
+    return done.runs
+
+
+async def _submit_run(store: Store, run: Run, jobs: Iterator[Job], done: Submitted) -> None:
+    await store.insert_run(run)
+    done.without_jobs = run
+    await store.insert_jobs(jobs)
+    done.without_jobs = None
+    done.runs.append(run)
 
 
 async def run_fleet(config: DemoConfig, on_progress: Callable[[Snapshot], None]) -> FleetResult:

@@ -19,13 +19,14 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -232,8 +233,40 @@ def _url(args: argparse.Namespace) -> str:
             "--url is empty; name a database, e.g. --url sqlite://control.db (or leave --url "
             f"out for ${URL_ENV}, else {DEFAULT_URL})"
         )
+    from_env = not given and bool(os.environ.get(URL_ENV))
+    args.url_from_env = from_env
     url = given or os.environ.get(URL_ENV) or DEFAULT_URL
     return str(url)
+
+
+# Appended to an error about the database the URL names, when the URL came from the
+# environment: the user typed no --url, and would otherwise look for the mistake in the command.
+_FROM_ENV: Final = f"(the URL came from ${URL_ENV}; --url overrides it)"
+
+
+@contextlib.contextmanager
+def _naming_the_url(args: argparse.Namespace) -> Iterator[None]:
+    """Mark an error raised inside (parsing the URL, opening what it names) as one about the
+    URL, so that _main says where the URL came from."""
+    try:
+        yield
+    except (ControlError, Failure) as exc:
+        args.url_error = exc
+        raise
+
+
+def _given_url(args: argparse.Namespace, url: str) -> list[str]:
+    """``--url URL`` for a suggested command when the user gave --url: without it, the command
+    pasted would open $CONTROL_STORE_URL or the default instead (they need no option)."""
+    return ["--url", _sqlite.redact(url)] if getattr(args, "url", None) else []
+
+
+def _command(*argv: str) -> str:
+    """A command line to suggest, quoted for a POSIX shell (shlex), so that it works when
+    pasted: a URL with a space or a quote stays one argument. Framed in single quotes, or in
+    double quotes when it holds one (as repr frames a string)."""
+    line = shlex.join([PROG, *argv])
+    return f'"{line}"' if "'" in line else f"'{line}'"
 
 
 def _shown(args: argparse.Namespace) -> str:
@@ -270,8 +303,14 @@ async def _open_existing(args: argparse.Namespace) -> Store:
     read_only=True (SQLite's mode=ro), so the read commands work on a copy on read-only media
     or a file this user may not write, and leave the file as it was.
     """
+    with _naming_the_url(args):
+        return await _open_read_only(args)
+
+
+async def _open_read_only(args: argparse.Namespace) -> Store:
     url = _url(args)
-    hint = f"create one with '{PROG} migrate' (or '{PROG} demo')"
+    given = _given_url(args, url)
+    hint = f"create one with {_command('migrate', *given)} (or {_command('demo', *given)})"
     path = _database_path(url, create_hint=hint)
     if path == _sqlite.MEMORY:
         # A new in-memory database, empty, which a read-only store refuses: migrated, so the
@@ -284,16 +323,16 @@ async def _open_existing(args: argparse.Namespace) -> Store:
         if not exc.found:  # no migration at all: an empty file, or another application's
             raise Failure(
                 f"database {path!r} holds no control_store schema (it is empty, or not a "
-                f"control_store database); check the URL, or create the schema with '{PROG} "
-                f"migrate --url {_sqlite.redact(url)}' (which refuses another application's "
-                "database)"
+                "control_store database); check the URL, or create the schema with "
+                f"{_command('migrate', '--url', _sqlite.redact(url))} (which refuses another "
+                "application's database)"
             ) from exc
         names = ", ".join(f"{version} ({description})" for version, description in exc.pending)
         older = f", or read it with the control-store release whose newest migration is {exc.found}"
         raise Failure(
             f"database {path!r} has pending migrations: {names}; apply them with "
-            f"'{PROG} migrate --url {_sqlite.redact(url)}' (on a copy you may not write: "
-            f"migrate a writable copy{older})"
+            f"{_command('migrate', '--url', _sqlite.redact(url))} (on a copy you may not "
+            f"write: migrate a writable copy{older})"
         ) from exc
 
 
@@ -324,7 +363,9 @@ async def cmd_migrate(args: argparse.Namespace, out: Terminal) -> int:
         ]
         _table(out, ["VERSION", "DESCRIPTION", "STATE", "INSTALLED ON"], rows)
         return EXIT_OK
-    async with Store.connect(url, busy_timeout=_busy_timeout(args), migrate=False) as store:
+    with _naming_the_url(args):
+        opened = await Store.connect(url, busy_timeout=_busy_timeout(args), migrate=False)
+    async with opened as store:
         _track(args, store)
         applied = await store.migrate()
         states = await store.migration_status()
@@ -344,12 +385,14 @@ async def cmd_migrate(args: argparse.Namespace, out: Terminal) -> int:
 async def _open_for_status(args: argparse.Namespace) -> Store:
     """Open the store read-only to list its migrations, at whatever version it is."""
     url = _url(args)
-    path = _database_path(url, create_hint=f"create one with '{PROG} migrate'")
-    if path == _sqlite.MEMORY:
-        return _track(
-            args, await Store.connect(url, busy_timeout=_busy_timeout(args), migrate=False)
-        )
-    return _track(args, await connect_any_version(url, busy_timeout=_busy_timeout(args)))
+    with _naming_the_url(args):
+        hint = f"create one with {_command('migrate', *_given_url(args, url))}"
+        path = _database_path(url, create_hint=hint)
+        if path == _sqlite.MEMORY:
+            return _track(
+                args, await Store.connect(url, busy_timeout=_busy_timeout(args), migrate=False)
+            )
+        return _track(args, await connect_any_version(url, busy_timeout=_busy_timeout(args)))
 
 
 async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
@@ -528,7 +571,7 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
         run = await store.get_run(args.run_id)
         if run is None:
             raise NotFoundError(
-                f"no run {args.run_id} in {_shown(args)}; list the runs with '{PROG} runs'"
+                f"no run {args.run_id} in {_shown(args)}; list the runs with {_command('runs')}"
             )
         summary = await _summarise(store, run)
     counts, overall, per_model = summary.counts, summary.overall, summary.per_model
@@ -618,15 +661,17 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
     """Run the demo fleet and verify its invariants against the database."""
     from . import _demo  # only the demo needs multiprocessing and the fleet's code
 
+    _check_demo_sizes(args)
     url = _url(args)
-    if _sqlite.parse_url(url) == _sqlite.MEMORY:
-        # Each scheduler process would open its own new, empty in-memory database: the runs
-        # submitted here would never be claimed, and the checks would blame the store.
-        raise UsageError(
-            f"the demo cannot run on an in-memory database (URL {_sqlite.redact(url)!r}): its "
-            "scheduler processes each open the URL, and would each get a new empty database; "
-            "give it a file: --url sqlite://demo.db"
-        )
+    with _naming_the_url(args):
+        if _sqlite.parse_url(url) == _sqlite.MEMORY:
+            # Each scheduler process would open its own new, empty in-memory database: the runs
+            # submitted here would never be claimed, and the checks would blame the store.
+            raise UsageError(
+                f"the demo cannot run on an in-memory database (URL {_sqlite.redact(url)!r}): "
+                "its scheduler processes each open the URL, and would each get a new empty "
+                "database; give it a file: --url sqlite://demo.db"
+            )
     seed = _demo.new_seed() if args.seed is None else args.seed
     config = _demo.DemoConfig(
         url=url,
@@ -645,7 +690,9 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
         busy_timeout=float(getattr(args, "busy_timeout", DEMO_BUSY_TIMEOUT)),
     )
     human = not args.json
-    async with Store.connect(config.url, busy_timeout=config.busy_timeout) as store:
+    with _naming_the_url(args):
+        opened = await Store.connect(config.url, busy_timeout=config.busy_timeout)
+    async with opened as store:
         _track(args, store)
         queued = await store.list_runs(status=RunStatus.QUEUED, limit=1)
         if queued:
@@ -658,8 +705,11 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
             _describe_demo(out, config)
             out.flush()  # now: a reader that is gone (demo | head -1) is noticed before work
         args.demo_stage = "submitting"
-        runs = await _demo.submit(store, config)
+        args.demo_submitted = _demo.Submitted()
+        args.demo_runs = config.runs
+        runs = await _demo.submit(store, config, args.demo_submitted)
         progress = _Progress(out, config.total_jobs, config.runs, enabled=human)
+        args.demo_stage = "running"
         result = await _demo.run_fleet(config, progress.update)
         args.demo_stage = "finished"
         progress.finish()
@@ -689,6 +739,62 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
         failed = "; ".join(c.name for c in checks if not c.ok)
         _complain(f"{PROG}: error: demo invariant failed: {failed}")
     return EXIT_OK if ok else EXIT_FAILURE
+
+
+# The demo's sizes, bounded by what a demo is for: a fleet at work on one machine, watched for
+# a few minutes. Measured on 2 shared cores: 100,000 jobs (4 runs x 5 x 2,500 x 2) took 40 s
+# of fleet time, about 2,500 jobs/s, and the parent peaked at 136 MB, as verify reads every job
+# back (about 1 KB each). 1,000,000 jobs is then some 7 minutes and 1 GB; more is no demo, and
+# --samples 100000000000 would have asked for 10**12 jobs: days of work, terabytes of memory.
+MAX_DEMO_JOBS: Final = 1_000_000
+# Each scheduler process is a Python interpreter of its own (tens of MB), and all of them take
+# turns at the one file's write lock: a few show the contention, dozens only add waiting.
+MAX_DEMO_PROCESSES: Final = 32
+# Scheduler tasks beyond this only queue at the write lock (and beyond --runs find nothing).
+MAX_DEMO_SCHEDULERS: Final = 1_000
+# A scheduler hands out a run's jobs a page at a time (_demo.DISPATCH_PAGE, 1,000), and starts
+# at most one worker per job of the page: more workers would never start.
+MAX_DEMO_WORKERS: Final = 1_000
+_DEMO_SIZE_DEFAULTS: Final = {"runs": 8, "models": 5, "samples": 25, "epochs": 2}
+
+
+def _check_demo_sizes(args: argparse.Namespace) -> None:
+    """Refuse sizes that cannot be a demo, before anything is opened or written (exit 2)."""
+    for name, limit, why in (
+        (
+            "processes",
+            MAX_DEMO_PROCESSES,
+            "each is a Python interpreter of its own, and all "
+            "take turns at the one file's write lock: a few show it, more only wait",
+        ),
+        ("schedulers", MAX_DEMO_SCHEDULERS, "more only queue at the one file's write lock"),
+        (
+            "workers",
+            MAX_DEMO_WORKERS,
+            "a scheduler hands out 1,000 jobs at a time, one per "
+            "worker at most, so more would never start",
+        ),
+    ):
+        value = getattr(args, name)
+        # --processes beyond --schedulers is cut to it (no process without a scheduler).
+        if min(value, args.schedulers if name == "processes" else value) > limit:
+            raise UsageError(
+                f"--{name} {value} is more than the demo's limit of {limit:,}: {why}; "
+                f"give --{name} {limit} or less"
+            )
+    sizes = {name: int(getattr(args, name)) for name in _DEMO_SIZE_DEFAULTS}
+    jobs = sizes["runs"] * sizes["models"] * sizes["samples"] * sizes["epochs"]
+    if jobs > MAX_DEMO_JOBS:
+        # Name the size furthest above its default: the one the user most likely meant to try.
+        name = max(sizes, key=lambda n: sizes[n] / _DEMO_SIZE_DEFAULTS[n])
+        others = ", ".join(f"--{other}" for other in sizes if other != name)
+        product = " x ".join(f"{value:,} {size}" for size, value in sizes.items())
+        raise UsageError(
+            f"--{name} {sizes[name]} is more than the demo can take: {product} is {jobs:,} "
+            f"jobs, and the demo takes at most {MAX_DEMO_JOBS:,} (at a few thousand jobs/s, "
+            "minutes of work, and its final check reads every job back into memory, about "
+            f"1 KB each); give a smaller --{name} (or lower {others})"
+        )
 
 
 def _describe_demo(out: Terminal, c: DemoConfig) -> None:
@@ -876,7 +982,9 @@ def _parser() -> argparse.ArgumentParser:
         "dispatch their jobs to simulated workers delivering at-least-once, then verify "
         "against the database that every job was counted exactly once. Its --busy-timeout "
         f"defaults to {DEMO_BUSY_TIMEOUT:g} s, not 5: its processes all start writing to one "
-        "file at once.",
+        f"file at once. Its sizes are a demo's: at most {MAX_DEMO_JOBS:,} jobs in all (R x M x "
+        f"N x E), {MAX_DEMO_PROCESSES} processes, {MAX_DEMO_SCHEDULERS:,} schedulers, "
+        f"{MAX_DEMO_WORKERS:,} workers per scheduler.",
     )
     sizes = demo.add_argument_group("sizes")
     sizes.add_argument("--runs", type=_positive_int, default=8, metavar="R", help="default: 8")
@@ -891,7 +999,8 @@ def _parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=2,
         metavar="P",
-        help="OS processes the schedulers are spread over (default: 2)",
+        help="OS processes the schedulers are spread over "
+        f"(default: 2; at most {MAX_DEMO_PROCESSES})",
     )
     sizes.add_argument(
         "--workers", type=_positive_int, default=8, metavar="W", help="per scheduler (default: 8)"
@@ -1060,16 +1169,38 @@ def _silence_stdout() -> None:
 def _demo_leftovers(args: argparse.Namespace) -> str:
     """What a demo stopped early left behind, and what to do about it."""
     stage = getattr(args, "demo_stage", None)
-    if stage is None:
+    refused = (
+        "a later demo refuses that file while it holds a queued run: delete the file, or "
+        "give the next demo another --url"
+    )
+    if stage == "submitting":
+        # Only what the store confirmed written (see _demo.submit): a run's jobs go in one
+        # transaction, after the run itself.
+        submitted = args.demo_submitted
+        written = len(submitted.runs)
+        if submitted.without_jobs is not None and not written:
+            return (
+                f"it had written only run {submitted.without_jobs.id} to {_shown(args)}, "
+                f"without its jobs (stopped while they were being written); {refused}"
+            )
+        if submitted.without_jobs is not None:
+            return (
+                f"it had written {written} of its {args.demo_runs} runs with their jobs to "
+                f"{_shown(args)}, and run {submitted.without_jobs.id} without its jobs (stopped "
+                f"while they were being written); {refused}"
+            )
+        if written:
+            return (
+                f"it had written {written} of its {args.demo_runs} runs with their jobs to "
+                f"{_shown(args)}, none of them started; {refused}"
+            )
+    if stage in (None, "submitting"):
         return f"it had submitted no runs to {_shown(args)}"
     if stage == "finished":
         return f"its runs had all finished in {_shown(args)}"
     # Whether any run is still queued depends on how far the schedulers got: the next demo
     # refuses the file only then.
-    return (
-        f"its unfinished runs stay in {_shown(args)}, and a later demo refuses that file while "
-        "any of them is still queued: delete the file, or give the next demo another --url"
-    )
+    return f"its unfinished runs stay in {_shown(args)}, and {refused}"
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -1089,6 +1220,8 @@ def _main(args: argparse.Namespace) -> int:
         message = " ".join(str(exc).split())  # one line, whatever the message held
         if isinstance(exc, DatabaseBusyError):
             message += " (here: --busy-timeout SECONDS)"
+        if getattr(args, "url_error", None) is exc and getattr(args, "url_from_env", False):
+            message += f" {_FROM_ENV}"
         _complain(f"{PROG}: error: {message}")
         if isinstance(exc, UsageError):
             return EXIT_USAGE
@@ -1112,4 +1245,15 @@ def _main(args: argparse.Namespace) -> int:
         signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
         _complain(_interrupted(args, signum, started))
         return 128 + signum
+    except MemoryError:
+        # The machine (or a ulimit -v) refused memory. By now the frames that held it are gone,
+        # so one line can be written; a traceback would tell the user nothing more.
+        elapsed = time.perf_counter() - started
+        message = f"{PROG}: error: out of memory after {elapsed:.1f} s"
+        if command is cmd_demo:
+            message += f", so the demo stopped; {_demo_leftovers(args)}; try smaller sizes"
+        else:
+            message += "; free some memory (or raise the process's limit) and run it again"
+        _complain(message)
+        return EXIT_FAILURE
     return code

@@ -9,6 +9,8 @@ import json
 import multiprocessing
 import os
 import random
+import re
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -422,6 +424,112 @@ def test_expected_failures_are_one_line_and_exit_1(
     before = _databases(db_path.parent)
     assert_one_line_error(run_cli(capsys, *argv, "--url", url), *fragments)
     assert _databases(db_path.parent) == before  # no command created a database file
+
+
+@pytest.mark.parametrize(
+    ("argv", "make", "fragment"),
+    [
+        (["runs"], lambda p: "mysql://host/db", "unknown scheme 'mysql'"),
+        (["show", str(uuid.uuid4())], lambda p: "mysql://host/db", "unknown scheme 'mysql'"),
+        (["check"], lambda p: str(p.parent / "nodir" / "x.db"), "does not exist"),
+        (["migrate"], lambda p: "mysql://host/db", "unknown scheme 'mysql'"),
+        (["migrate", "--status"], lambda p: "sqlite://x.db?mode=ro", "query parameters"),
+        (["demo"], lambda p: "postgres://ops:hunter2@db/control", "PostgreSQL"),
+        (["runs"], _garbage, "not a SQLite database"),
+        (["runs"], _unmigrated, "holds no control_store schema"),
+        (["runs"], lambda p: str(p.parent / "missing.db"), "no database at"),
+    ],
+    ids=[
+        "runs-scheme",
+        "show-scheme",
+        "check-missing-directory",
+        "migrate-scheme",
+        "migrate-status-query",
+        "demo-postgres",
+        "not-a-database",
+        "unmigrated",
+        "missing-file",
+    ],
+)
+def test_url_errors_say_when_the_url_came_from_the_environment(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    db_path: Path,
+    argv: list[str],
+    make: Callable[[Path], str],
+    fragment: str,
+) -> None:
+    """An error about the URL's database says the URL came from $CONTROL_STORE_URL when it
+    did (the user typed no --url), and does not when --url gave it."""
+    url = make(db_path)
+    note = "(the URL came from $CONTROL_STORE_URL; --url overrides it)"
+    monkeypatch.setenv(cli.URL_ENV, url)
+    assert_one_line_error(run_cli(capsys, *argv), fragment, note)
+    monkeypatch.setenv(cli.URL_ENV, str(db_path))  # a good one, overridden by --url
+    code, out, err = run_cli(capsys, *argv, "--url", url)
+    assert_one_line_error((code, out, err), fragment)
+    assert "CONTROL_STORE_URL;" not in err
+
+
+def test_the_demo_in_memory_from_the_environment_says_so(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """demo refusing sqlite::memory: from $CONTROL_STORE_URL says where the URL came from."""
+    monkeypatch.setenv(cli.URL_ENV, "sqlite::memory:")
+    code, _, err = run_cli(capsys, "demo")
+    assert code == 2
+    assert err.rstrip().endswith("(the URL came from $CONTROL_STORE_URL; --url overrides it)")
+
+
+def _suggested(line: str, before: str) -> str:
+    """The command ``line`` suggests, in the quotes that frame it, just before ``before``."""
+    match = re.search(rf"""(["'])(control-store .*)\1 {re.escape(before)}""", line)
+    assert match is not None, line
+    return match.group(2)
+
+
+@pytest.mark.parametrize("name", ["my dir/o ld.db", "it's here/o.db"])
+@pytest.mark.parametrize("empty", [True, False], ids=["empty-file", "missing-file"])
+def test_a_suggested_command_works_when_pasted_into_a_shell(
+    tmp_path: Path, name: str, empty: bool
+) -> None:
+    """The migrate command an error suggests names the --url given, quoted for the shell: with
+    a space or a quote in the path, pasted as printed it creates that database (not the
+    default one), and the failed command then works."""
+    path = tmp_path / name
+    path.parent.mkdir()
+    if empty:
+        path.touch()  # an empty file: no schema yet
+    code, out, err = run_subprocess("runs", "--url", name, cwd=tmp_path)
+    assert_one_line_error((code, out, err), "no control_store schema" if empty else "no database")
+    command = _suggested(err, "(which refuses" if empty else "(or")
+    assert command.startswith("control-store migrate --url ")
+    pasted = command.replace("control-store", shlex.quote(sys.executable) + " -m control_store", 1)
+    done = subprocess.run(
+        ["/bin/sh", "-c", pasted], cwd=tmp_path, env=_clean_env(), capture_output=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert run_subprocess("runs", "--url", name, cwd=tmp_path)[:1] == (0,)
+    assert not (tmp_path / "control.db").exists()
+
+
+def test_the_migrate_command_suggested_for_a_path_with_a_space_is_quoted(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pending migrations on a file whose path holds a space: the suggested migrate command
+    splits, as a shell would, into the very URL, and applying it lets runs read the file."""
+    path = tmp_path / "my dir" / "o ld.db"
+    path.parent.mkdir()
+    asyncio.run(_populate(path))
+    with_second_migration(monkeypatch)
+    code, out, err = run_cli(capsys, "runs", "--url", str(path))
+    assert_one_line_error((code, out, err), "pending migrations")
+    command = _suggested(err, "(on a copy")
+    assert shlex.split(command) == ["control-store", "migrate", "--url", str(path)]
+    assert run_cli(capsys, *shlex.split(command)[1:])[0] == 0
+    assert run_cli(capsys, "runs", "--url", str(path))[0] == 0
 
 
 def _databases(directory: Path) -> list[str]:
@@ -1079,6 +1187,153 @@ def test_interrupted_demo_exits_130_with_what_to_do(
     assert line.startswith("control-store: interrupted after ")
     assert f"unfinished runs stay in {path}" in line
     assert "another --url" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        (
+            ["--samples", "100000000000"],
+            ["--samples 100000000000", "8,000,000,000,000 jobs", "at most 1,000,000", "memory"],
+        ),
+        (
+            ["--runs", "1000", "--models", "10", "--samples", "1000"],
+            ["--runs 1000", "20,000,000 jobs", "at most 1,000,000", "lower --models, --samples"],
+        ),
+        (
+            ["--schedulers", "64", "--processes", "33"],
+            ["--processes 33", "limit of 32", "Python interpreter"],
+        ),
+        (["--schedulers", "1001"], ["--schedulers 1001", "limit of 1,000", "write lock"]),
+        (["--workers", str(2**63 - 1)], [f"--workers {2**63 - 1}", "limit of 1,000", "start"]),
+    ],
+    ids=["samples", "product", "processes", "schedulers", "workers"],
+)
+def test_demo_refuses_sizes_that_cannot_be_a_demo(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    fragments: list[str],
+) -> None:
+    """A size whose work cannot be a demo exits 2 at once, in one line naming the option, its
+    value, the limit and why; nothing is generated, no file is created."""
+
+    def generated(*args: object) -> object:
+        raise AssertionError("the demo generated jobs")
+
+    monkeypatch.setattr(demo, "make_runs", generated)
+    code, out, err = run_cli(capsys, "demo", *argv, "--url", str(tmp_path / "demo.db"))
+    assert (code, out) == (2, "")
+    (line,) = err.splitlines()
+    assert line.startswith("control-store: error: ")
+    for fragment in fragments:
+        assert fragment in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_takes_sizes_up_to_its_limits(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The largest sizes the limits allow pass the check (the fleet itself is stubbed out)."""
+    submitted: list[demo.DemoConfig] = []
+
+    async def submit(store: Store, config: demo.DemoConfig, *done: object) -> list[Run]:
+        submitted.append(config)
+        raise cli.Failure("stop here")
+
+    monkeypatch.setattr(demo, "submit", submit)
+    argv = ["--runs", "2", "--models", "5", "--samples", "50000", "--epochs", "2"]
+    argv += ["--schedulers", "1000", "--processes", "32", "--workers", "1000"]
+    code, _, err = run_cli(capsys, "demo", *argv, "--url", str(tmp_path / "demo.db"))
+    assert (code, err) == (1, "control-store: error: stop here\n")
+    (config,) = submitted
+    assert config.total_jobs == cli.MAX_DEMO_JOBS
+    assert (config.processes, config.workers) == (32, demo.DISPATCH_PAGE)
+
+
+def test_demo_out_of_memory_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A MemoryError (a ulimit -v, a full machine) ends the demo with one line and exit 1,
+    saying what it left in the database, not a traceback."""
+
+    async def submit(*args: object) -> list[Run]:
+        raise MemoryError
+
+    monkeypatch.setattr(demo, "submit", submit)
+    path = tmp_path / "demo.db"
+    code, out, err = run_cli(capsys, "demo", *SMALL_DEMO, "--json", "--url", str(path))
+    assert (code, out) == (1, "")
+    (line,) = err.splitlines()
+    assert line.startswith("control-store: error: out of memory after ")
+    assert f"it had submitted no runs to {path}" in line
+    assert "smaller sizes" in line
+
+
+def test_demo_stopped_while_generating_jobs_exits_at_once_saying_what_it_wrote(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM while the demo generates a run's jobs (slowly here: 10 ms a job) stops it at
+    once, not after the generation, exit 143, with one line that says what the database holds:
+    the runs written with their jobs, and the run whose jobs were cut short without them.
+    In a child process: a signal sent to the test runner itself could stop more than the demo."""
+    path = tmp_path / "demo.db"
+    per_run = 20_000  # the third run would take 200 s to generate: it must not be waited for
+    argv = ["demo", "--url", str(path), "--runs", "3", "--models", "1", "--epochs", "1"]
+    argv += ["--samples", str(per_run)]
+    script = f"""
+import sys, time
+from control_store import _demo, cli
+from control_store.models import EvalJob
+
+made = 0
+
+def slow_spec(*args):
+    global made
+    made += 1
+    if made > {2 * per_run}:  # the third run's jobs: say so, then take 10 ms each
+        if made == {2 * per_run + 1}:
+            print("third run", flush=True)
+        time.sleep(0.01)
+    return EvalJob(*args)
+
+_demo.EvalJob = slow_spec
+sys.exit(cli.main({argv!r}))
+"""
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_clean_env(),
+    )
+    try:
+        assert child.stdout is not None
+        while (line := child.stdout.readline()) != "third run\n":
+            assert line, "the demo ended before its third run"
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode == 143, err
+    (line,) = err.splitlines()
+    assert line.startswith("control-store: interrupted by SIGTERM after ")
+    assert "stopped while waiting" not in line  # the generation stopped; no forced exit
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        jobs = dict(
+            conn.execute(
+                "SELECT runs.id, count(jobs.id) FROM runs LEFT JOIN jobs ON jobs.run_id = runs.id"
+                " GROUP BY runs.id"
+            ).fetchall()
+        )
+    (empty,) = [run_id for run_id, count in jobs.items() if count == 0]
+    assert sorted(jobs.values()) == [0, per_run, per_run]
+    assert f"it had written 2 of its 3 runs with their jobs to {path}" in line
+    assert f"and run {empty} without its jobs" in line
+    assert "delete the file, or give the next demo another --url" in line
 
 
 def _wait_for(predicate: Callable[[], object], what: str) -> object:
