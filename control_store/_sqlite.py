@@ -427,9 +427,18 @@ def parse_url(url: str | os.PathLike[str]) -> str:
                 "does not support yet; use a sqlite:// URL"
             )
         else:
+            typed_scheme = url[: len(scheme)]
+            # "name:rest" with no // reads as a URL too, but is likelier a file name with a
+            # colon in it (a timestamp, say): say how to pass it as one.
+            as_file = (
+                ""
+                if url[len(scheme) + 1 :].startswith("//")
+                else f", or, if it names a file, pass it as ./{redact(url)} or a pathlib.Path"
+            )
             raise ConfigurationError(
-                f"URL {redact(url)!r} has the unknown scheme {scheme!r}; use "
-                "sqlite://relative/path.db, sqlite:///absolute/path.db or sqlite::memory:"
+                f"URL {redact(url)!r} has the unknown scheme {typed_scheme!r} (the text before "
+                "its first ':'); use sqlite://relative/path.db, sqlite:///absolute/path.db or "
+                f"sqlite::memory:{as_file}"
             )
     else:  # unreachable by the hints, reached by callers all the same (bytes, None)
         raise _not_a_url(url)

@@ -116,6 +116,25 @@ async def test_unusable_urls_are_refused(url: str, match: str) -> None:
     assert "s3cret" not in str(caught.value)
 
 
+async def test_a_file_name_with_a_colon_is_told_how_to_pass_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """'name:rest' reads as a URL of scheme 'name'; for such a file name (a timestamp in it)
+    the refusal says to pass it as ./name or a Path, which then opens that file."""
+    monkeypatch.chdir(tmp_path)
+    name = "control-2024-01-01T12:00:00.db"
+    with pytest.raises(ConfigurationError, match="unknown scheme 'control-2024-01-01T12'") as e:
+        await Store.connect(name)
+    assert f"pass it as ./{name} or a pathlib.Path" in str(e.value)
+    for spelled in (f"./{name}", Path(name)):
+        async with Store.connect(spelled) as store:
+            assert await store.list_runs() == []
+    assert (tmp_path / name).exists()
+    with pytest.raises(ConfigurationError) as e:
+        await Store.connect("mysql://user@host/db")  # a URL: no file advice
+    assert "pass it as ./" not in str(e.value)
+
+
 async def test_missing_directory_is_refused(tmp_path: Path) -> None:
     """A path in a directory that does not exist is refused, naming the directory."""
     with pytest.raises(ConfigurationError, match="does not exist; create it"):
