@@ -82,19 +82,27 @@ def format_timestamp(value: datetime, *, what: str) -> str:
     """``value`` as fixed-width RFC 3339 UTC text; a naive datetime is refused."""
     if value.tzinfo is UTC:  # the common case (utc_now()), no offset arithmetic
         return value.isoformat(timespec="microseconds")[:-6] + "Z"
-    if value.tzinfo is None or value.utcoffset() is None:
+    try:
+        # The caller's tzinfo (or datetime subclass) runs here: its utcoffset() may raise, or
+        # return what is no timedelta.
+        aware = value.tzinfo is not None and value.utcoffset() is not None
+        if aware:
+            value = value.astimezone(UTC)
+    except OverflowError:
+        raise InvalidInputError(
+            f"{what} {shown(value)} is outside 0001-01-01..9999-12-31 once in UTC, the range "
+            "a datetime can hold; pass a time within it"
+        ) from None
+    except Exception as exc:
+        raise InvalidInputError(
+            f"{what} {shown(value)} cannot be turned into UTC: its time zone raised "
+            f"{failure(exc)}; pass a datetime with a working tzinfo, e.g. datetime.timezone.utc"
+        ) from exc
+    if not aware:
         raise InvalidInputError(
             f"{what} {shown(value)} has no time zone; pass an aware datetime, "
             "e.g. datetime.now(timezone.utc)"
         )
-    if value.tzinfo is not UTC:
-        try:
-            value = value.astimezone(UTC)
-        except OverflowError:
-            raise InvalidInputError(
-                f"{what} {shown(value)} is outside 0001-01-01..9999-12-31 once in UTC, the range "
-                "a datetime can hold; pass a time within it"
-            ) from None
     # isoformat, not strftime: it is ~3x faster on the insert path and always pads the year to
     # four digits (glibc's %Y writes year 999 as "999", which would break the fixed width).
     return value.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
@@ -220,12 +228,18 @@ def check_uuid(value: object, *, what: str, otherwise: str = "pass a uuid.UUID")
     if not isinstance(value, uuid.UUID):
         if not isinstance(value, str):
             fix = otherwise
-        elif spelt_uuid(value) is None:
+        elif spelt_uuid(text := str.__str__(value)) is None:  # a subclass: its plain text
             fix = f"that is no UUID's text either: {otherwise}"
         else:
-            fix = f"wrap it as uuid.UUID({shown(value)})"
+            fix = f"wrap it as uuid.UUID({shown(text)})"
         raise InvalidInputError(f"{what} must be a uuid.UUID, got {typed(value)}; {fix}")
-    return uuid_text(value)
+    try:
+        return uuid_text(value)
+    except AttributeError:  # a subclass made with UUID.__new__ alone holds no value
+        raise InvalidInputError(
+            f"{what} is a {type(value).__name__} that holds no value (made without "
+            f"uuid.UUID.__init__); {otherwise}"
+        ) from None
 
 
 def _check_str(value: object, *, what: str) -> str:

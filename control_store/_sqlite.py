@@ -287,17 +287,21 @@ def parse_options(options: dict[str, object]) -> Options:
             f"Store.connect accepts {sorted(allowed)}"
         )
     busy_timeout = options.get("busy_timeout", 5.0)
-    if (
-        not isinstance(busy_timeout, int | float)
-        or isinstance(busy_timeout, bool)
-        or not 0 <= busy_timeout <= 86_400
-    ):
+    # A subclass's plain value, compared as that: never its own methods.
+    seconds: int | float | None = None
+    if isinstance(busy_timeout, int) and not isinstance(busy_timeout, bool):
+        seconds = int.__index__(busy_timeout)
+    elif isinstance(busy_timeout, float):
+        seconds = float.__float__(busy_timeout)
+    if seconds is None or not 0 <= seconds <= 86_400:
         raise ConfigurationError(
             f"busy_timeout={shown(busy_timeout)} must be a number of seconds from 0 to 86400 "
             "(default 5): how long a write waits for another process's write lock"
         )
     synchronous = options.get("synchronous", "FULL")
-    if not isinstance(synchronous, str) or synchronous.upper() not in _SYNCHRONOUS:
+    # A subclass's plain text, upper-cased once: what the check passes is what the PRAGMA gets.
+    level = str.upper(str.__str__(synchronous)) if isinstance(synchronous, str) else None
+    if level not in _SYNCHRONOUS:
         raise ConfigurationError(
             f"synchronous={shown(synchronous)} must be one of {list(_SYNCHRONOUS)}; "
             "FULL (the default) survives power loss, NORMAL survives a process crash"
@@ -319,7 +323,7 @@ def parse_options(options: dict[str, object]) -> Options:
             "migrate=True contradicts read_only=True: a read-only store never migrates; drop "
             "migrate=True, or connect without read_only to apply migrations"
         )
-    return Options(float(busy_timeout), synchronous.upper(), migrate, read_only)
+    return Options(float(seconds), level, migrate, read_only)
 
 
 def _require_file(path: str, database: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from control_store import (
     JobOutcome,
     MigrationError,
     Run,
+    RunId,
     Store,
 )
 from control_store._show import shown
@@ -160,6 +162,63 @@ async def test_every_kind_of_argument_with_a_broken_repr_is_refused(store: Store
             await call()
         assert field in str(caught.value), (field, str(caught.value))
     assert await _snapshot(store) == before
+
+
+class _HostileText(str):
+    """Text whose own methods raise: only its plain text may be used."""
+
+    def _boom(self, *args: object, **kwargs: object) -> Any:
+        raise RuntimeError("hostile")
+
+    replace = strip = upper = lower = __repr__ = _boom
+
+
+class _RaisingZone(tzinfo):
+    """A time zone whose utcoffset() raises."""
+
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        raise RuntimeError("no offset")
+
+    def dst(self, dt: datetime | None) -> timedelta:
+        return timedelta(0)
+
+    def tzname(self, dt: datetime | None) -> str:
+        return "raising"
+
+
+class _ComparesBadly(float):
+    """A number whose comparisons raise: only its plain value may be compared."""
+
+    def _boom(self, other: object) -> bool:
+        raise RuntimeError("hostile")
+
+    __lt__ = __le__ = __gt__ = __ge__ = _boom
+
+
+async def test_values_whose_own_methods_raise_are_used_by_their_plain_value(store: Store) -> None:
+    """A str or float subclass is read by its plain value, so its own methods never run: an
+    id in such text is told to wrap exactly that text, a synchronous level or busy_timeout of
+    such a kind works. A time zone that raises, or a UUID subclass holding no value, is an
+    InvalidInputError naming the field, never the raw error."""
+    text = str(uuid.uuid4())
+    with pytest.raises(InvalidInputError, match=rf"wrap it as uuid\.UUID\('{text}'\)"):
+        await store.get_run(_HostileText(text))  # type: ignore[arg-type]
+    async with Store.in_memory(
+        synchronous=_HostileText("normal"), busy_timeout=_ComparesBadly(2.5)
+    ) as other:
+        assert await other.list_runs() == []
+    with pytest.raises(InvalidInputError, match=r"created_at .* its time zone raised RuntimeError"):
+        await store.insert_run(
+            Run("m", ["a"], 1, 1, created_at=datetime(2026, 1, 1, tzinfo=_RaisingZone()))
+        )
+    empty = _EmptyId.__new__(_EmptyId)
+    with pytest.raises(InvalidInputError, match=r"Run\.id is a _EmptyId that holds no value"):
+        await store.insert_run(Run("m", ["a"], 1, 1, id=RunId(empty)))
+    assert await store.list_runs() == []
+
+
+class _EmptyId(uuid.UUID):
+    """A UUID subclass, made without UUID.__init__ in the test: it holds no value."""
 
 
 def test_shown_is_repr_for_ordinary_values_and_bounded_for_the_rest() -> None:
