@@ -395,6 +395,7 @@ def parse_url(url: str | os.PathLike[str]) -> str:
                 "e.g. os.fsdecode() of it"
             )
     elif isinstance(url, str):
+        url = str.__str__(url)  # a subclass's plain text: never its own methods
         match = _SCHEME.match(url)
         scheme = match.group(1).lower() if match else None
         if scheme is None or (len(scheme) == 1 and url[2:3] in ("\\", "/")):

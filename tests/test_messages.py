@@ -170,7 +170,7 @@ class _HostileText(str):
     def _boom(self, *args: object, **kwargs: object) -> Any:
         raise RuntimeError("hostile")
 
-    replace = strip = upper = lower = __repr__ = _boom
+    replace = strip = upper = lower = startswith = __getitem__ = __repr__ = _boom
 
 
 class _RaisingZone(tzinfo):
@@ -206,6 +206,8 @@ async def test_values_whose_own_methods_raise_are_used_by_their_plain_value(stor
     async with Store.in_memory(
         synchronous=_HostileText("normal"), busy_timeout=_ComparesBadly(2.5)
     ) as other:
+        assert await other.list_runs() == []
+    async with Store.connect(_HostileText("sqlite::memory:")) as other:  # startswith() raises
         assert await other.list_runs() == []
     with pytest.raises(InvalidInputError, match=r"created_at .* its time zone raised RuntimeError"):
         await store.insert_run(
