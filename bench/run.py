@@ -28,6 +28,7 @@ import contextlib
 import importlib.metadata
 import inspect
 import json
+import math
 import os
 import platform
 import shutil
@@ -1132,6 +1133,12 @@ def _rounded(rate: float | None) -> int | None:
     return None if rate is None else round(rate)
 
 
+def shown_ratio(ratio: float) -> str:
+    """A ratio to two decimals, rounded down: 0.798 shows as 0.79, never as the 0.80 it
+    misses."""
+    return f"{math.floor(ratio * 100) / 100:.2f}"
+
+
 def report(
     rows: list[Row],
     peers: dict[str, PeerResult],
@@ -1153,8 +1160,8 @@ def report(
         target = f">={r.target:g}" if r.target is not None else ""
         lines.append(
             f"| {r.setting:<10} | {r.workload:<30} | {statistics.median(r.lib):>9,.0f} "
-            f"| {r.baseline:<19} | {statistics.median(r.base):>10,.0f} | {r.ratio:>5.2f} "
-            f"| {target:>6} | {r.met:<3} |"
+            f"| {r.baseline:<19} | {statistics.median(r.base):>10,.0f} "
+            f"| {shown_ratio(r.ratio):>5} | {target:>6} | {r.met:<3} |"
         )
     if peers:
         ours = claim_record(rows)

@@ -1353,9 +1353,8 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
             found("database", "", f"the schema lacks index {name}; make it again: {sql}")
         elif kind == "table" and have.get(name) != "table":
             sound = False
-            make = "; ".join(
-                made for _, _, of, made, _ in _expected_schema() if of == name
-            )  # the table, then its indexes
+            # The table's own CREATE, then its indexes'.
+            make = "; ".join(made for _, _, of, made, _ in _expected_schema() if of == name)
             found(
                 "database",
                 "",
@@ -2599,7 +2598,9 @@ class _Worker:
                 ):
                     rerun[index] = op
         rerun_results = (
-            self.transact_locked(rerun, again=False) if any(rerun) else [_WITHDRAWN] * len(ops)
+            self.transact_locked(rerun, again=False)
+            if any(op is not None for op in rerun)
+            else [_WITHDRAWN] * len(ops)
         )
         results: list[tuple[bool, Any]] = []
         for index, op in enumerate(ops):
