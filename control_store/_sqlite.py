@@ -1215,7 +1215,7 @@ def insert_jobs_op(jobs: Iterable[Job]) -> Op[int]:
 @dataclass(frozen=True, slots=True)
 class RunsOnce:
     """An op that cannot run a second time: its first run consumed what it reads (the caller's
-    generator of jobs). A group never runs it again (see _Worker.after_rollback)."""
+    generator of jobs). A group never runs it again (see _Worker.apart)."""
 
     op: Op[int]
 
@@ -2529,17 +2529,14 @@ class _Worker:
         """On the thread: run the tickets' ops in one BEGIN IMMEDIATE transaction and one commit.
 
         Returns (True, result) or (False, error) per op. Each op runs in its own savepoint, so
-        a failing op rolls back only itself; after an op's error that ends the transaction
-        itself (disk full, I/O), the others run again (see after_rollback); a failed COMMIT
-        fails every op, none of which took effect. An op whose caller withdrew it (see
-        _Ticket) does not run.
+        a failing op rolls back only itself; after an error that ends the transaction itself
+        (disk full, I/O, in an op or at the COMMIT), the others run again, each alone (see
+        apart). An op whose caller withdrew it (see _Ticket) does not run.
         """
         with self.lock:
             return self.transact_locked([_take(ticket) for ticket in tickets])
 
-    def transact_locked(
-        self, ops: Sequence[Op[Any] | None], *, again: bool = True
-    ) -> list[tuple[bool, Any]]:
+    def transact_locked(self, ops: Sequence[Op[Any] | None]) -> list[tuple[bool, Any]]:
         conn = self.raw
         try:
             conn.execute("BEGIN IMMEDIATE")  # IMMEDIATE: see transact_one
@@ -2555,65 +2552,57 @@ class _Worker:
                 conn.execute("SAVEPOINT group_commit")
                 result = self.attempt(op)
                 if not result[0] and not conn.in_transaction:
-                    return self.after_rollback(ops, results, result, again=again)
+                    error = result[1]
+                    return self.apart(ops, results, error.__cause__ or error, result)
                 if not result[0]:
                     conn.execute("ROLLBACK TO group_commit")
                 conn.execute("RELEASE group_commit")
                 results.append(result)
-            conn.execute("COMMIT")
         except Exception as exc:
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             return [(False, self.translate(exc)) for _ in ops]
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):  # in_transaction raises once closed
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            return self.apart(ops, results, exc)
         return results
 
-    def after_rollback(
+    def apart(
         self,
         ops: Sequence[Op[Any] | None],
         done: list[tuple[bool, Any]],
-        result: tuple[bool, Any],
-        *,
-        again: bool,
+        cause: BaseException,
+        result: tuple[bool, Any] | None = None,
     ) -> list[tuple[bool, Any]]:
-        """The results of a group whose op after those ``done`` ended the whole transaction
-        with its error ``result`` (SQLITE_FULL, an I/O error, a trigger's RAISE(ROLLBACK)):
-        nothing of the group is left.
+        """The results of a group whose transaction ended with nothing of it kept: the op after
+        those ``done`` failed with an error that ends the whole transaction (its ``result``:
+        SQLITE_FULL, an I/O error, a trigger's RAISE(ROLLBACK)), or, with every op done and no
+        ``result``, the COMMIT failed with ``cause`` (the disk filling as the WAL grew).
 
-        That op gets its error, and an op that had failed already keeps its own. The others lost
-        their work through no fault of their own, and may well succeed without it (a disk filled
-        by one big insert_jobs): ``again``, they run again, once, in a transaction of their
-        own. Not an op that cannot run twice (a RunsOnce whose first run consumed its jobs'
-        generator), nor any op once a rerun ends its transaction too (the disk still full):
-        each of those gets the error, its own instance, translated afresh.
+        The op that met the error gets it, and an op that had failed already keeps its own
+        error. The others lost their work through no fault of their own, and may well succeed
+        without the one that did (a disk filled by one big insert_jobs): each runs again, alone,
+        in a transaction of its own, so that any that still fails fails alone, with its own
+        error. Not an op that cannot run twice (a RunsOnce whose first run consumed its jobs'
+        generator): it gets the error, its own instance, translated afresh.
         """
-        failed = len(done)
-        error = result[1]
-        cause = error.__cause__ or error
-        rerun: list[Op[Any] | None] = [None] * len(ops)
-        if again:
-            for index, op in enumerate(ops):
-                if index > failed or (
-                    index < failed and done[index][0] and not isinstance(op, RunsOnce)
-                ):
-                    rerun[index] = op
-        rerun_results = (
-            self.transact_locked(rerun, again=False)
-            if any(op is not None for op in rerun)
-            else [_WITHDRAWN] * len(ops)
-        )
         results: list[tuple[bool, Any]] = []
         for index, op in enumerate(ops):
-            if index == failed:
-                results.append(result)
-            elif op is None:  # withdrawn
+            if op is None:  # withdrawn
                 results.append(_WITHDRAWN)
-            elif rerun[index] is not None:
-                results.append(rerun_results[index])
-            elif index < failed and not done[index][0]:  # its own error stands
+            elif index == len(done) and result is not None:
+                results.append(result)
+            elif index < len(done) and not done[index][0]:  # its own error stands
                 results.append(done[index])
-            else:
+            elif index < len(done) and isinstance(op, RunsOnce):
                 results.append((False, self.translate(cause)))
+            else:
+                results.append(self.transact_one_locked(op))
         return results
 
     def refuse_replaced_file(self) -> None:

@@ -131,9 +131,16 @@ class Terminal:
         self.write(text + "\n")
 
     def write(self, text: str) -> None:
-        """Write ``text``; an OSError of the stream (EPIPE, ENOSPC) becomes OutputError."""
+        """Write ``text``; an OSError of the stream (EPIPE, ENOSPC) becomes OutputError.
+
+        In pieces smaller than the stream's buffer: a text larger than it goes to the file in
+        one write(2), and when that write is cut short (the reader of a pipe gone, a disk
+        filling up) CPython's text layer drops the rest without an error (measured: 132 KB of
+        JSON into `head -c 100` exited 0). Through the buffer, the rest is written again, and
+        the failure is raised."""
         try:
-            self.stream.write(text)
+            for start in range(0, len(text), _PIECE):
+                self.stream.write(text[start : start + _PIECE])
         except OSError as exc:
             raise OutputError(exc) from exc
 
@@ -146,6 +153,10 @@ class Terminal:
     def json(self, value: object) -> str:
         """``value`` as JSON this stream can encode: non-ASCII escaped unless it is Unicode."""
         return _json(value, ascii_only=not self.unicode)
+
+
+# Characters per write: at most 8 KiB in UTF-8 (4 bytes a character), io.DEFAULT_BUFFER_SIZE.
+_PIECE: Final = 2048
 
 
 def _width() -> int:
@@ -571,7 +582,8 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
         run = await store.get_run(args.run_id)
         if run is None:
             raise NotFoundError(
-                f"no run {args.run_id} in {_shown(args)}; list the runs with {_command('runs')}"
+                f"no run {args.run_id} in {_shown(args)}; list the runs with "
+                f"{_command('runs', *_given_url(args, _url(args)))}"
             )
         summary = await _summarise(store, run)
     counts, overall, per_model = summary.counts, summary.overall, summary.per_model
@@ -651,7 +663,8 @@ async def cmd_check(args: argparse.Namespace, out: Terminal) -> int:
         for problem in problems:
             where = _printable(f"{problem.table} {problem.row_id}".strip())
             out.print(f"{where}: {_printable(problem.message)}")
-        out.print(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} found")
+        plural = "s" if len(problems) != 1 else ""
+        out.print(f"{len(problems)} problem{plural} found in {_shown(args)}")
     else:
         out.print(f"no problems found in {_shown(args)}")
     return EXIT_FAILURE if problems else EXIT_OK
@@ -734,7 +747,7 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
             )
         )
     else:
-        _summarise_demo(out, config, snap, checks, ok)
+        _summarise_demo(out, config, snap, checks, ok, where=_given_url(args, _url(args)))
     if not ok:
         failed = "; ".join(c.name for c in checks if not c.ok)
         _complain(f"{PROG}: error: demo invariant failed: {failed}")
@@ -810,8 +823,15 @@ def _describe_demo(out: Terminal, c: DemoConfig) -> None:
 
 
 def _summarise_demo(
-    out: Terminal, c: DemoConfig, snap: Snapshot, checks: Sequence[Check], ok: bool
+    out: Terminal,
+    c: DemoConfig,
+    snap: Snapshot,
+    checks: Sequence[Check],
+    ok: bool,
+    *,
+    where: list[str],
 ) -> None:
+    """The demo's closing lines; ``where``: the --url to name in the commands it suggests."""
     rate = c.total_jobs / max(snap.elapsed, 1e-9)
     out.print(
         f"{c.total_jobs:,} jobs in {snap.elapsed:.1f} s: {rate:,.0f} jobs/s, "
@@ -822,7 +842,8 @@ def _summarise_demo(
     for check in checks:
         out.print(f"  {out.mark(check.ok)} {check.name}: {check.detail}")
     if ok:
-        out.print(f"look inside: {PROG} runs   then   {PROG} show <RUN ID>")
+        url = f" {shlex.join(where)}" if where else ""
+        out.print(f"look inside: {PROG} runs{url}   then   {PROG} show <RUN ID>{url}")
 
 
 class _Progress:

@@ -302,6 +302,34 @@ async def write_past_file_size_limit(db: str, limit: str, count: str) -> None:
         say("run", run.id)
 
 
+async def group_past_file_size_limit(db: str, limit: str, count: str) -> None:
+    """A group commit whose one big insert_jobs carries the WAL past a file size limit at its
+    COMMIT, with small writes grouped before and after it: say what each call got."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # as in write_past_file_size_limit
+    async with Store.connect(db) as store:
+        big, small = Run("big.yaml", ["m"], 1, int(count)), Run("small.yaml", ["m"], 1, 1)
+        for run in (big, small):
+            await store.insert_run(run)
+        (job,) = [Job(small.id, EvalJob("m", "s", 0))]
+        await store.insert_jobs([job])
+        jobs = [Job(big.id, EvalJob("m", f"s{i}", 0)) for i in range(int(count))]
+        late = Run("late.yaml", ["m"], 1, 1)
+        ahead = asyncio.ensure_future(store.insert_run(Run("ahead.yaml", ["m"], 1, 1)))
+        await asyncio.sleep(0)  # the write in flight: the calls below queue into one group
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (int(limit), hard))
+        results = await asyncio.gather(
+            store.record_job_outcome(small.id, JobOutcome(job.id, score=1.0)),
+            store.insert_jobs(jobs),
+            store.insert_run(late),
+            return_exceptions=True,
+        )
+        await ahead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        say("results", *(type(result).__name__ for result in results))
+        say("late", late.id)
+
+
 _MODES: Final[dict[str, Callable[..., Awaitable[None] | None]]] = {
     "claim": claim,
     "redeliver": redeliver,
@@ -313,6 +341,7 @@ _MODES: Final[dict[str, Callable[..., Awaitable[None] | None]]] = {
     "hold-lock": hold_lock,
     "write-read-only": write_read_only,
     "write-past-file-size-limit": write_past_file_size_limit,
+    "group-past-file-size-limit": group_past_file_size_limit,
     "read-only-runs": read_only_runs,
     "probe-permissions": probe_permissions,
 }

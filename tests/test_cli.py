@@ -295,7 +295,7 @@ def test_check_lists_problems_and_exits_1(
     code, out, _ = run_cli(capsys, "check", "--url", str(path))
     assert code == 1
     assert f"runs {older.id}: run {older.id} has done_count 1 but 3 of its jobs are done" in out
-    assert "1 problem found" in out
+    assert out.endswith(f"1 problem found in {path}\n")
     code, out, _ = run_cli(capsys, "check", "--json", "--url", str(path))
     report = json.loads(out)
     assert code == 1
@@ -820,6 +820,33 @@ def test_broken_pipe_exits_quietly(populated: tuple[Path, Run, Run]) -> None:
     assert done.stderr == ""
 
 
+def test_json_cut_short_by_its_reader_is_no_success(tmp_path: Path) -> None:
+    """JSON larger than a pipe holds, its reader gone after 100 bytes: exit 1, not 0. Written
+    in one piece, the write cut short lost the rest without an error, and a script trusting
+    exit 0 got a fragment of JSON."""
+    path = tmp_path / "many.db"
+
+    async def many() -> None:
+        async with Store.connect(path) as store:
+            for _ in range(300):
+                await store.insert_run(Run("m" * 200, ["a"], 1, 1))
+
+    asyncio.run(many())
+    child = subprocess.Popen(
+        [sys.executable, "-m", "control_store", "runs", "--all", "--json", "--url", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_clean_env(),
+    )
+    assert child.stdout is not None
+    assert child.stderr is not None
+    assert len(child.stdout.read(100)) == 100
+    child.stdout.close()  # the reader goes away with the child's write under way
+    assert child.wait(timeout=60) == 1
+    assert child.stderr.read() == b""
+    child.stderr.close()
+
+
 def _shell(command: str, *argv: str) -> Result:
     """``python -m control_store argv`` run by sh with ``command``'s redirections: ``$@``."""
     done = subprocess.run(
@@ -1020,6 +1047,26 @@ def test_demo_as_a_process_shows_progress_and_summary(tmp_path: Path) -> None:
     assert out.count("✓") == 7
     assert "✗" not in out
     assert (tmp_path / "control.db").exists()  # the default URL: a file in the current dir
+    assert out.splitlines()[-1] == (
+        "look inside: control-store runs   then   control-store show <RUN ID>"
+    )
+
+
+def test_commands_suggested_after_a_given_url_name_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """With --url given, the commands a message suggests name it, quoted, so that pasted they
+    look at that database and not at the default one."""
+    path = tmp_path / "my demo.db"
+    code, out, _ = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
+    assert code == 0
+    quoted = f"--url '{path}'"
+    assert out.splitlines()[-1] == (
+        f"look inside: control-store runs {quoted}   then   control-store show <RUN ID> {quoted}"
+    )
+    code, _, err = run_cli(capsys, "show", str(uuid.uuid4()), "--url", str(path))
+    assert code == 1
+    assert err.rstrip().endswith(f'list the runs with "control-store runs {quoted}"')
 
 
 def test_demo_refuses_a_database_with_queued_runs(

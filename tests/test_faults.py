@@ -139,6 +139,24 @@ async def test_a_file_size_limit_mid_write_is_a_storage_error_and_retry_succeeds
     await assert_sound(db_path)
 
 
+async def test_a_group_whose_commit_meets_a_file_size_limit_fails_only_the_big_write(
+    db_path: Path, spawn: Callable[..., Worker]
+) -> None:
+    """A big insert_jobs carries the WAL past a file size limit at the group's COMMIT, where no
+    single call met the error: each call runs again alone, so only the big one fails; the
+    small writes grouped with it commit."""
+    worker = spawn("group-past-file-size-limit", db_path, 200_000, 5_000)
+    assert worker.expect("results") == ["results", "bool", "StorageError", "NoneType"]
+    late = worker.expect("late")[1]
+    worker.finish()
+    async with Store.connect(db_path) as store:
+        assert await store.get_run(uuid.UUID(late)) is not None
+        runs = {run.manifest: run for run in await store.list_runs()}
+        assert runs["small.yaml"].status == RunStatus.DONE
+        assert await store.list_jobs(runs["big.yaml"].id) == []
+    await assert_sound(db_path)
+
+
 def _chmod_all(db: Path, mode: int) -> None:
     for path in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
         if path.exists():
