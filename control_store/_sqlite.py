@@ -866,9 +866,8 @@ def check_schema(conn: sqlite3.Connection, *, database: str, read_only: bool = T
     found = max((row.version for row in applied), default=0)
     names = ", ".join(f"{m.version} ({m.description})" for m in todo)
     if not applied:
-        state = (
-            "has no control_store migration applied (it is empty, or not a control_store database)"
-        )
+        _refuse_foreign_database(conn, database)  # another application's: say so, not "empty"
+        state = "has no control_store migration applied (it is empty)"
         fix = (
             "point read_only at a control_store database, or create the schema by connecting "
             "once without read_only (control-store migrate does that)"

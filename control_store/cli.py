@@ -201,8 +201,10 @@ def _age(then: datetime, now: datetime) -> str:
 
 # C0 controls, DEL and C1 controls: stored text (a manifest, a model name, an error message)
 # holding them would drive the terminal: "\n" forges a row, ESC [2J clears the screen, ESC ]
-# sets the window title.
-_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# sets the window title. And the line and paragraph separators, which some terminals break
+# lines at, and the bidirectional marks and overrides, which reorder what follows them on the
+# line ("Trojan Source"): a model name could show another's id or score.
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 
 
 def _printable(text: str) -> str:
@@ -331,12 +333,12 @@ async def _open_read_only(args: argparse.Namespace) -> Store:
         store = await Store.connect(url, busy_timeout=_busy_timeout(args), read_only=True)
         return _track(args, store)
     except PendingMigrationError as exc:
-        if not exc.found:  # no migration at all: an empty file, or another application's
+        if not exc.found:  # no migration at all: an empty file (another application's is
+            # refused by connect, naming its tables)
+            migrate = _command("migrate", "--url", _sqlite.redact(url))
             raise Failure(
-                f"database {path!r} holds no control_store schema (it is empty, or not a "
-                "control_store database); check the URL, or create the schema with "
-                f"{_command('migrate', '--url', _sqlite.redact(url))} (which refuses another "
-                "application's database)"
+                f"database {path!r} holds no control_store schema (it is empty); check the "
+                f"URL, or create the schema with {migrate}"
             ) from exc
         names = ", ".join(f"{version} ({description})" for version, description in exc.pending)
         older = f", or read it with the control-store release whose newest migration is {exc.found}"
@@ -974,14 +976,15 @@ def _parser() -> argparse.ArgumentParser:
 
     runs = commands.add_parser("runs", parents=[common], help="a table of runs, newest first")
     runs.add_argument("--status", choices=[s.value for s in RunStatus], help="only these runs")
-    runs.add_argument(
+    how_many = runs.add_mutually_exclusive_group()
+    how_many.add_argument(
         "--limit",
         type=_positive_int,
         default=DEFAULT_LIMIT,
         metavar="N",
         help=f"at most N runs (default: {DEFAULT_LIMIT})",
     )
-    runs.add_argument("--all", action="store_true", help="every run, no limit")
+    how_many.add_argument("--all", action="store_true", help="every run, no limit")
     runs.set_defaults(command=cmd_runs)
 
     show = commands.add_parser(

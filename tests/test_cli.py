@@ -229,7 +229,7 @@ HOSTILE = "x\nFORGED-ROW  done  9/9\x1b[2J\x1b]0;title\x07\x9b\x7f"
 
 async def _populate_hostile(path: Path) -> Run:
     """One run whose manifest, model and error message hold control characters."""
-    run = Run(HOSTILE, ["m\r\x1b[31mred"], 1, 1)
+    run = Run(HOSTILE, ["m\r\x1b[31mred", "n\u202e1.0\u2028"], 1, 1)
     async with Store.connect(path) as store:
         await store.insert_run(run)
         (job,) = make_jobs(run, 1)
@@ -243,7 +243,8 @@ def test_control_characters_in_stored_text_are_escaped_for_people(
     capsys: pytest.CaptureFixture[str], db_path: Path
 ) -> None:
     """runs and show print a control character of a manifest, a model or an error as its
-    escape: no forged row, no terminal escape sequence; --json keeps the exact text."""
+    escape, and a bidirectional override or line separator too: no forged row, no terminal
+    escape sequence, no text reordered; --json keeps the exact text."""
     run = asyncio.run(_populate_hostile(db_path))
     code, out, err = run_cli(capsys, "runs", "--url", str(db_path))
     assert (code, err) == (0, "")
@@ -251,6 +252,7 @@ def test_control_characters_in_stored_text_are_escaped_for_people(
     assert "x\\nFORGED-ROW" in out
     assert "\\x1b[2J\\x1b]0;title\\x07\\x9b\\x7f" in out
     assert "m\\r\\x1b[31mred" in out
+    assert "n\\u202e1.0\\u2028" in out  # a bidi override reorders what follows it
     code, out, err = run_cli(capsys, "show", str(run.id), "--url", str(db_path))
     assert (code, err) == (0, "")
     assert "e\\x1b[2J\\nline 2" in out
@@ -392,7 +394,7 @@ def _newer_schema(path: Path) -> str:
         (["runs"], _garbage, ["not a SQLite database"]),
         (["check"], _garbage, ["not a SQLite database"]),
         (["runs"], _unmigrated, ["holds no control_store schema", "control-store migrate"]),
-        (["runs"], _foreign, ["holds no control_store schema", "not a control_store database"]),
+        (["runs"], _foreign, ["not a control_store database", "'notes'", "left untouched"]),
         (["migrate"], _foreign, ["not a control_store database", "'notes'", "left untouched"]),
         (["runs"], _corrupt_row, ["runs.models", "{oops", "repair"]),
         (["show", str(uuid.uuid4())], _newer_schema, ["migration 999", "upgrade"]),
@@ -482,8 +484,10 @@ def test_the_demo_in_memory_from_the_environment_says_so(
 
 
 def _suggested(line: str, before: str) -> str:
-    """The command ``line`` suggests, in the quotes that frame it, just before ``before``."""
-    match = re.search(rf"""(["'])(control-store .*)\1 {re.escape(before)}""", line)
+    """The command ``line`` suggests, in the quotes that frame it, just before ``before`` (or
+    at the end of the line, for "")."""
+    after = f" {re.escape(before)}" if before else "$"
+    match = re.search(rf"""(["'])(control-store .*)\1{after}""", line.rstrip("\n"))
     assert match is not None, line
     return match.group(2)
 
@@ -502,7 +506,7 @@ def test_a_suggested_command_works_when_pasted_into_a_shell(
         path.touch()  # an empty file: no schema yet
     code, out, err = run_subprocess("runs", "--url", name, cwd=tmp_path)
     assert_one_line_error((code, out, err), "no control_store schema" if empty else "no database")
-    command = _suggested(err, "(which refuses" if empty else "(or")
+    command = _suggested(err, "" if empty else "(or")
     assert command.startswith("control-store migrate --url ")
     pasted = command.replace("control-store", shlex.quote(sys.executable) + " -m control_store", 1)
     done = subprocess.run(
@@ -560,6 +564,7 @@ def test_a_locked_database_fails_in_one_line_naming_the_option(
         ["runs", "--limit", "0"],
         ["runs", "--limit", "9223372036854775808"],
         ["runs", "--status", "paused"],
+        ["runs", "--limit", "3", "--all"],
         ["show"],
         ["show", "not-a-uuid"],
         # uuid.UUID() would read these as other ids: int(x, 16) takes ' ', '+' and '_'.

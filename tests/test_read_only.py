@@ -230,13 +230,15 @@ async def test_an_empty_file_is_refused_as_unmigrated_and_stays_empty(tmp_path: 
 
 
 async def test_a_foreign_sqlite_database_is_refused_and_left_alone(tmp_path: Path) -> None:
-    """A SQLite file that is not a control_store database is refused; its bytes stay."""
+    """A SQLite file that is not a control_store database is refused as a writable connect
+    refuses it, naming its tables, not as one that needs migrating (connecting without
+    read_only would be refused too); its bytes stay."""
     path = tmp_path / "other.db"
     with raw_db(path) as conn:
         conn.execute("CREATE TABLE notes (text TEXT)")
         conn.execute("INSERT INTO notes VALUES ('mine')")
     before = digest(path)
-    with pytest.raises(PendingMigrationError, match="not a control_store database"):
+    with pytest.raises(ConfigurationError, match="not a control_store database: it holds 'notes'"):
         await Store.connect(path, read_only=True)
     assert digest(path) == before
 
