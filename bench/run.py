@@ -1136,7 +1136,8 @@ def _rounded(rate: float | None) -> int | None:
 def shown_ratio(ratio: float) -> str:
     """A ratio to two decimals, rounded down: 0.798 shows as 0.79, never as the 0.80 it
     misses."""
-    return f"{math.floor(ratio * 100) / 100:.2f}"
+    # The epsilon: 0.57 is 56.99999... hundredths in binary floating point.
+    return f"{math.floor(ratio * 100 + 1e-9) / 100:.2f}"
 
 
 def report(

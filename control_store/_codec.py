@@ -80,14 +80,15 @@ JOB_COLUMNS: Final = "id, run_id, spec, status, attempt, outcome"
 
 def format_timestamp(value: datetime, *, what: str) -> str:
     """``value`` as fixed-width RFC 3339 UTC text; a naive datetime is refused."""
+    # datetime's own methods, never a subclass's (which could raise, or lie about the time).
     if value.tzinfo is UTC:  # the common case (utc_now()), no offset arithmetic
-        return value.isoformat(timespec="microseconds")[:-6] + "Z"
+        return datetime.isoformat(value, timespec="microseconds")[:-6] + "Z"
     try:
         # The caller's tzinfo (or datetime subclass) runs here: its utcoffset() may raise, or
         # return what is no timedelta.
-        aware = value.tzinfo is not None and value.utcoffset() is not None
+        aware = value.tzinfo is not None and datetime.utcoffset(value) is not None
         if aware:
-            value = value.astimezone(UTC)
+            value = datetime.astimezone(value, UTC)
     except OverflowError:
         raise InvalidInputError(
             f"{what} {shown(value)} is outside 0001-01-01..9999-12-31 once in UTC, the range "
@@ -105,7 +106,7 @@ def format_timestamp(value: datetime, *, what: str) -> str:
         )
     # isoformat, not strftime: it is ~3x faster on the insert path and always pads the year to
     # four digits (glibc's %Y writes year 999 as "999", which would break the fixed width).
-    return value.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+    return datetime.isoformat(datetime.replace(value, tzinfo=None), timespec="microseconds") + "Z"
 
 
 def _parse_timestamp(text: str) -> datetime:
@@ -436,19 +437,22 @@ def _check_score(score: object, *, where: str) -> float | int:
         raise InvalidInputError(
             f"{where}: score must be a float or None, got {typed(score)}; pass float(...) of it"
         )
+    # A subclass's plain value, checked and stored as that: never its own methods.
     if isinstance(score, int):
-        if not -_FLOAT_MAX <= score <= _FLOAT_MAX or float(score) != score:
+        whole = int.__index__(score)
+        if not -_FLOAT_MAX <= whole <= _FLOAT_MAX or float(whole) != whole:
             raise InvalidInputError(
-                f"{where}: score is {shown(score)}, an int that a float (what a score is kept "
+                f"{where}: score is {shown(whole)}, an int that a float (what a score is kept "
                 "as) cannot hold exactly; pass float(...) of it"
             )
-        return int.__index__(score)
-    if not math.isfinite(score):
+        return whole
+    real = float.__float__(score)
+    if not math.isfinite(real):
         raise InvalidInputError(
-            f"{where}: score {shown(score)} is not finite and JSON cannot hold it; "
+            f"{where}: score {shown(real)} is not finite and JSON cannot hold it; "
             "report a failed evaluation with error=... and score=None"
         )
-    return float.__float__(score)  # for a subclass, a plain float
+    return real
 
 
 JobRow = tuple[str, str, str, str, int, str | None]

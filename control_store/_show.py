@@ -39,9 +39,10 @@ def typed(value: object) -> str:
 
 def _shown(value: object) -> tuple[str, bool]:
     """shown(value), and whether it is the value's repr (else a description of the value)."""
-    if isinstance(value, int) and value.bit_length() > _INT_BITS_SHOWN:
-        digits = int(value.bit_length() * _LOG10_2) + 1
-        sign = "a negative" if value < 0 else "an"
+    # int's own methods, never a subclass's (which could raise).
+    if isinstance(value, int) and int.bit_length(value) > _INT_BITS_SHOWN:
+        digits = int(int.bit_length(value) * _LOG10_2) + 1
+        sign = "a negative" if int.__index__(value) < 0 else "an"
         return f"{sign} int of about {digits} digits", False
     try:
         text = repr(value)

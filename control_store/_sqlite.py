@@ -240,6 +240,12 @@ SELECT_SCHEMA: Final = (
     f"AND name NOT LIKE 'sqlite%' AND name != '{_migrate.TRACKING_TABLE}' ORDER BY rowid"
 )
 SELECT_COLUMNS: Final = "SELECT * FROM pragma_table_info(?)"
+SELECT_FOREIGN_KEYS: Final = "SELECT * FROM pragma_foreign_key_list(?)"
+SELECT_INDEX_COLUMNS: Final = "SELECT * FROM pragma_index_info(?) ORDER BY seqno"
+# Every named object, views and triggers too: a view may stand where a table should.
+SELECT_OBJECTS: Final = (
+    "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite%'"
+)
 SELECT_APPLIED: Final = (
     f"SELECT version, description, checksum, success, installed_on "
     f"FROM {_migrate.TRACKING_TABLE} ORDER BY version"
@@ -394,6 +400,7 @@ def parse_url(url: str | os.PathLike[str]) -> str:
                 f"path {shown(url)} gives {type(path).__name__}, not str; pass a str path, "
                 "e.g. os.fsdecode() of it"
             )
+        path = str.__str__(path)  # a subclass's plain text: never its own methods
     elif isinstance(url, str):
         url = str.__str__(url)  # a subclass's plain text: never its own methods
         match = _SCHEME.match(url)
@@ -583,13 +590,22 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
             error.retryable = True
         elif isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc):
             error = StoreClosedError(f"the store for {database} is closed; connect again")
-        elif str(exc).startswith(("no such table", "no such column")):
-            error = MigrationError(
-                f"{database} lacks part of the schema this release made [{detail}]: a table or "
-                "column was dropped (by hand, or by a tool); nothing was written: run "
-                "store.check() (control-store check), which names what is missing and how to "
-                "repair it"
-            )
+        elif missing := _SCHEMA_DAMAGE.match(str(exc)):
+            table = missing.group("table") or missing.group("has") or missing.group("view")
+            if table is None or table in _schema_tables():
+                error = MigrationError(
+                    f"{database} lacks part of the schema this release made [{detail}]: a "
+                    "table or column was dropped or changed (by hand, or by a tool); nothing was "
+                    "written: run store.check() (control-store check), which names what is "
+                    "missing and how to repair it"
+                )
+            else:
+                error = ControlError(
+                    f"{database} failed [{detail}]: {table} is no table of this release's "
+                    "schema, so a trigger or view of your own refers to it; nothing was "
+                    "written: repair that trigger or view (SELECT name, sql FROM sqlite_master "
+                    f"WHERE sql LIKE '%{table}%' lists them)"
+                )
         else:
             error = ControlError(f"{database} failed: {detail}")
     elif isinstance(exc, OverflowError):  # sqlite3 binding a text of over 2**31 - 1 bytes
@@ -600,6 +616,24 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
         return exc
     error.__cause__ = exc
     return error
+
+
+# SQLite's errors for a schema missing a part, or holding another kind of object under a
+# name, with the table's name when the message gives it.
+_SCHEMA_DAMAGE: Final = re.compile(
+    r"no such table: (?:main\.)?(?P<table>\w+)|no such column: |table (?P<has>\w+) has no "
+    r"column named |cannot modify (?P<view>\w+) because it is a view"
+)
+
+
+def _schema_tables() -> set[str]:
+    """The tables this release's schema has, the tracking table among them."""
+    tables = {part.name for part in _expected_schema() if part.kind == "table"}
+    return tables | {_migrate.TRACKING_TABLE}
+
+
+class _Abandoned(Exception):
+    """A connection opened after its caller stopped waiting for it: closed, handed to no one."""
 
 
 def _too_big(detail: str) -> InvalidInputError:
@@ -969,11 +1003,19 @@ def _strip_comments(sql: str) -> str:
 def _read_applied(conn: sqlite3.Connection) -> list[_migrate.AppliedMigration]:
     if conn.execute(SELECT_TRACKING_EXISTS, (_migrate.TRACKING_TABLE,)).fetchone() is None:
         return []
-    return [_applied(*row) for row in conn.execute(SELECT_APPLIED)]
+    try:
+        rows = _leniently(conn, lambda: conn.execute(SELECT_APPLIED).fetchall())
+    except sqlite3.OperationalError as exc:  # a column dropped or renamed: check() cannot run
+        raise MigrationError(
+            f"{_migrate.TRACKING_TABLE} is not as control_store made it [{exc}]: a column of it "
+            "was dropped or renamed by hand; nothing was changed: restore the database from a "
+            "backup (the table records which migrations made the schema)"
+        ) from exc
+    return [_applied(*row) for row in rows]
 
 
 def _applied(
-    version: object, description: object, checksum: object, success: object, _: object
+    version: object, description: object, checksum: object, success: object, installed: object
 ) -> _migrate.AppliedMigration:
     """A tracking row as control_store writes it, or the CorruptRowError naming its cell: a
     row edited by hand (a checksum as hex text, a version -1) must not pass for another
@@ -995,6 +1037,8 @@ def _applied(
         bad = ("checksum", checksum, "expected the SHA-384 of the migration's file, as a blob")
     elif type(success) is not int or success not in (0, 1):
         bad = ("success", success, "expected 0 or 1")
+    elif type(installed) is not str:
+        bad = ("installed_on", installed, "expected text")
     else:
         return _migrate.AppliedMigration(version, description, checksum, bool(success))
     column, value, why = bad
@@ -1324,58 +1368,116 @@ def integrity_repair(line: str) -> str:
     return f"SQLite integrity check: {line}; {fix}"
 
 
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """A table or index of the schema, as check() compares it between this release's schema
+    and a database's: its table's name, the SQL that makes it, its columns (a table's, or the
+    ones an index keys) and, for a table, its foreign keys (column, table, column)."""
+
+    kind: str
+    name: str
+    table: str
+    sql: str
+    columns: tuple[str, ...]
+    keys: tuple[tuple[str, str, str], ...]
+
+
 @cache
-def _expected_schema() -> list[tuple[str, str, str, str, list[str]]]:
-    """The tables and indexes this release's migrations make: (type, name, table, the SQL that
-    makes it, a table's columns), read from an in-memory database the migrations ran on."""
+def _expected_schema() -> list[_Part]:
+    """The tables and indexes this release's migrations make, read from an in-memory database
+    the migrations ran on."""
     conn = sqlite3.connect(MEMORY)
     try:
         for migration in _migrate.load_migrations("sqlite"):
             conn.executescript(migration.sql)
         return [
-            (kind, name, table, " ".join(sql.split()), _columns(conn, name))
+            _Part(kind, name, table, " ".join(sql.split()), *_shape(conn, kind, name))
             for kind, name, table, sql in conn.execute(SELECT_SCHEMA).fetchall()
         ]
     finally:
         conn.close()
 
 
+def _shape(
+    conn: sqlite3.Connection, kind: str, name: str
+) -> tuple[tuple[str, ...], tuple[tuple[str, str, str], ...]]:
+    """(columns, foreign keys) of the table or index ``name`` in ``conn``."""
+    if kind == "index":
+        return tuple(row[2] for row in conn.execute(SELECT_INDEX_COLUMNS, (name,))), ()
+    columns = tuple(row[1] for row in conn.execute(SELECT_COLUMNS, (name,)))
+    keys = tuple((row[3], row[2], row[4]) for row in conn.execute(SELECT_FOREIGN_KEYS, (name,)))
+    return columns, keys
+
+
 def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], None]) -> bool:
-    """Report what this release's schema has that the database lacks (dropped by hand or by a
-    tool), each with its repair; False if a table or a column is missing, which the row checks
-    need. What the database has beyond it (a user's own table, column or index) is no finding.
+    """Report where the database's schema differs from this release's (a part dropped, renamed
+    or changed by hand or by a tool), each with its repair; False if a table is missing or not
+    as made, which the row checks need. What the database has beyond it (a user's own table,
+    column, index or trigger) is no finding.
     """
-    have = {name: kind for kind, name, _, _ in conn.execute(SELECT_SCHEMA)}
+    have = {name: (kind, table) for kind, name, table, _ in conn.execute(SELECT_OBJECTS)}
     sound = True
-    for kind, name, table, sql, columns in _expected_schema():
-        if kind == "index" and have.get(table) == "table" and have.get(name) != "index":
-            found("database", "", f"the schema lacks index {name}; make it again: {sql}")
-        elif kind == "table" and have.get(name) != "table":
+
+    def report(message: str) -> None:
+        found("database", "", message)
+
+    for part in _expected_schema():
+        kind, table = have.get(part.name, (None, None))
+        if part.kind == "index":
+            if have.get(part.table, (None, None))[0] != "table":
+                continue  # its table's finding covers it
+            if (
+                kind != "index"
+                or table != part.table
+                or _shape(conn, kind, part.name)
+                != (
+                    part.columns,
+                    part.keys,
+                )
+            ):
+                drop = f"DROP INDEX {part.name}; " if kind == "index" else ""
+                report(
+                    f"the schema lacks index {part.name} as this release made it "
+                    f"({part.sql}); make it again: {drop}{part.sql}"
+                )
+            continue
+        if kind != "table":
             sound = False
-            # The table's own CREATE, then its indexes'.
-            make = "; ".join(made for _, _, of, made, _ in _expected_schema() if of == name)
-            found(
-                "database",
-                "",
-                f"the schema lacks table {name}, and its rows with it; restore the database "
-                f"from a backup (without one, make it again, empty: {make})",
+            # The table's CREATE, then its indexes', dropped first: a rename takes them along.
+            make = "; ".join(
+                other.sql
+                if other.kind == "table"
+                else f"DROP INDEX IF EXISTS {other.name}; {other.sql}"
+                for other in _expected_schema()
+                if other.table == part.name
             )
-        elif kind == "table":
-            present = set(_columns(conn, name))
-            for column in columns:
-                if column not in present:
-                    sound = False
-                    found(
-                        "database",
-                        "",
-                        f"the schema lacks column {name}.{column}, and its values with it; "
-                        "restore the database from a backup",
-                    )
+            if kind is None:
+                what, clear = f"lacks table {part.name}, and its rows with it", ""
+            else:
+                what = f"has a {kind} named {part.name} where this release's table should be"
+                clear = f"DROP {kind.upper()} {part.name}; then "
+            report(
+                f"the schema {what}; restore the database from a backup (without one, "
+                f"{clear}make it again, empty: {make})"
+            )
+            continue
+        columns, keys = _shape(conn, "table", part.name)
+        for column in part.columns:
+            if column not in columns:
+                sound = False
+                report(
+                    f"the schema lacks column {part.name}.{column}, and its values with it; "
+                    "restore the database from a backup"
+                )
+        for column, target, target_column in part.keys:
+            if (column, target, target_column) not in keys:
+                sound = False
+                report(
+                    f"column {part.name}.{column} no longer refers to {target}({target_column}) "
+                    f"(renaming {target} rewrites the references to it); restore the database "
+                    "from a backup"
+                )
     return sound
-
-
-def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
-    return [column for _, column, *_ in conn.execute(SELECT_COLUMNS, (table,))]
 
 
 _ROWS_NEED_SCHEMA: Final = (
@@ -1955,18 +2057,35 @@ class SqliteBackend:
     ) -> SqliteBackend:
         """A backend on a new aiosqlite connection in autocommit mode, its worker a daemon
         (see daemon_worker); the connection is closed again if the backend cannot be built."""
+        abandoned = threading.Event()
+
+        def connect() -> sqlite3.Connection:
+            """On the worker: open the connection, as aiosqlite.connect would; closed again at
+            once if its caller gave up meanwhile (cancelled while a slow disk opened it), since
+            no one would ever close it."""
+            raw: sqlite3.Connection = sqlite3.connect(target, isolation_level=None, **kwargs)
+            if abandoned.is_set():
+                raw.close()
+                raise _Abandoned
+            return raw
+
+        connecting = aiosqlite.Connection(connect, iter_chunk_size=64)
+        daemon_worker(connecting)
         try:
-            connecting = aiosqlite.connect(target, isolation_level=None, **kwargs)
-            daemon_worker(connecting)
             conn = await connecting
-        except sqlite3.Error as exc:
-            # aiosqlite has queued its worker's stop, which hands a result to this loop: wait
-            # for the thread to end (it only closes a connection that never opened), or an
-            # asyncio.run ending first makes that hand-over fail on the thread, with a traceback.
+        except BaseException as exc:
+            # aiosqlite has queued its worker's stop (the open failed, or its caller was
+            # cancelled while it runs), which hands a result to this loop: wait for the thread
+            # to end, or an asyncio.run ending first makes that hand-over fail on the thread,
+            # with a traceback.
+            abandoned.set()
             thread = connecting._thread
-            if thread is not None and thread.is_alive():
+            if thread.is_alive():
                 thread.join(_STOP_WAIT)
-            raise translate(exc, database=database, busy_timeout=options.busy_timeout) from exc
+            if isinstance(exc, sqlite3.Error):
+                error = translate(exc, database=database, busy_timeout=options.busy_timeout)
+                raise error from exc
+            raise
         try:
             return cls(conn, database=database, options=options)
         except BaseException:

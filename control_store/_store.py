@@ -75,9 +75,14 @@ def _not_iterable_fix(value: object, item: type, single: str) -> str:
     return f"pass a list (or any iterable) of {item.__name__}"
 
 
-def _int_from(value: object, low: int, high: int) -> bool:
-    """Whether ``value`` is an int (not a bool) from ``low`` to ``high``: a count argument."""
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+def _int_from(value: object, low: int, high: int) -> int | None:
+    """``value`` as a plain int if it is an int (not a bool) from ``low`` to ``high`` (a count
+    argument), else None. A subclass's plain value, compared and used as that: its own
+    comparisons could raise, or lie (a limit of -1 is no limit to SQLite)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    plain = int.__index__(value)
+    return plain if low <= plain <= high else None
 
 
 # Calls touching at most this many rows are "small": an in-memory store may run them inline on
@@ -367,12 +372,13 @@ class Store:
         """
         self._open()
         key = _id(run_id, what="run_id")
-        if not _int_from(page_size, 1, _MAX_PAGE_SIZE):
+        size = _int_from(page_size, 1, _MAX_PAGE_SIZE)
+        if size is None:
             raise InvalidInputError(
                 f"page_size must be an int from 1 to {_MAX_PAGE_SIZE}, got {shown(page_size)}; "
                 "pages of a few hundred to a few thousand jobs amortise each read's thread hop"
             )
-        return _JobWalk(self, key, page_size)
+        return _JobWalk(self, key, size)
 
     async def claim_next_run(self) -> Run | None:
         """Atomically move the oldest queued run to running and return it; None if none.
@@ -405,13 +411,14 @@ class Store:
         two claimers' batches. Returns fewer than ``limit`` runs (or []) when fewer are queued.
         """
         backend = self._writable("claim_runs")
-        if not _int_from(limit, 1, _INT64_MAX):
+        count = _int_from(limit, 1, _INT64_MAX)
+        if count is None:
             raise InvalidInputError(
                 f"limit must be an int from 1 to {_INT64_MAX}, got {shown(limit)}; "
                 "use claim_next_run() for a single run"
             )
-        op = partial(_sqlite.op_claim_runs, limit)
-        return await backend.write(op, small=limit <= _SMALL_BATCH, undo=_sqlite.release_claimed)
+        op = partial(_sqlite.op_claim_runs, count)
+        return await backend.write(op, small=count <= _SMALL_BATCH, undo=_sqlite.release_claimed)
 
     async def record_job_outcomes(
         self, run_id: uuid.UUID, outcomes: Iterable[JobOutcome]
@@ -457,16 +464,15 @@ class Store:
         backend = self._open()
         if status is not None:
             status = _codec.run_status(status, what="status", also=", or None for every run")
-        if limit is None:
-            limit = -1  # SQLite: no limit
-        elif not _int_from(limit, 0, _INT64_MAX):
+        most = -1 if limit is None else _int_from(limit, 0, _INT64_MAX)  # -1: SQLite's no limit
+        if most is None:
             raise InvalidInputError(
                 f"limit must be an int from 0 to {_INT64_MAX} or None, got {shown(limit)}; "
                 "pass the most runs you want, or None (the default) for all of them"
             )
         key = None if status is None else status.value
-        op = partial(_sqlite.op_list_runs, key, limit)
-        return await backend.read(op, small=0 <= limit <= _SMALL_BATCH)
+        op = partial(_sqlite.op_list_runs, key, most)
+        return await backend.read(op, small=0 <= most <= _SMALL_BATCH)
 
     async def check(self) -> list[Problem]:
         """Look for inconsistencies without changing anything; [] means the store is sound.

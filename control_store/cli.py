@@ -711,10 +711,12 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
         _track(args, store)
         queued = await store.list_runs(status=RunStatus.QUEUED, limit=1)
         if queued:
+            path = Path(_sqlite.parse_url(config.url))
+            fresh = path.with_name(f"{path.stem}-demo{path.suffix or '.db'}")
             raise Failure(
                 f"{_sqlite.redact(config.url)} already has queued runs (e.g. {queued[0].id}), "
-                "which the demo's schedulers would claim; run the demo on its own database: "
-                f"{PROG} demo --url sqlite://demo.db"
+                "which the demo's schedulers would claim; run the demo on a database of its "
+                f"own, a new file: {_command('demo', '--url', str(fresh))}"
             )
         if human:
             _describe_demo(out, config)
@@ -1173,6 +1175,9 @@ def _exit_now(args: argparse.Namespace, started: float, signum: int) -> None:
     os._exit(128 + signum)
 
 
+_LINE_BREAKS: Final = re.compile(r"\s*[\r\n]+\s*")
+
+
 def _complain(line: str) -> None:
     """Write ``line`` to stderr, if there is a stderr that works: the exit code still tells."""
     if sys.stderr is None:  # started with stderr closed (2>&-): print would pick stdout
@@ -1241,7 +1246,8 @@ def _main(args: argparse.Namespace) -> int:
         code = asyncio.run(_supervise(command, args, out, partial(_exit_now, args, started)))
         out.flush()  # here, so that a failed write is caught below, not at exit
     except (ControlError, Failure) as exc:
-        message = " ".join(str(exc).split())  # one line, whatever the message held
+        # One line, whatever the message held; other whitespace kept (a path's double space).
+        message = _LINE_BREAKS.sub(" ", str(exc))
         if isinstance(exc, DatabaseBusyError):
             message += " (here: --busy-timeout SECONDS)"
         if getattr(args, "url_error", None) is exc and getattr(args, "url_from_env", False):

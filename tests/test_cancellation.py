@@ -478,3 +478,36 @@ async def test_a_close_cancelled_before_its_first_step_still_ends_the_connection
     assert store.closed
     async with Store.connect(db_path, read_only=True) as reader:
         assert {run.status for run in await reader.list_runs()} == {RunStatus.QUEUED}
+
+
+async def test_a_connect_cancelled_while_the_file_opens_leaves_nothing_behind(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while its connection opens on the worker thread (a slow disk, held here by a
+    slow sqlite3.connect): connect raises CancelledError, its thread ends before it returns (so
+    no hand-over to a loop that may be gone fails on the thread), and the connection that
+    opened after all is closed, not left for the garbage collector."""
+    real_connect = sqlite3.connect
+    opened: list[sqlite3.Connection] = []
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+
+    def slow_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        loop.call_soon_threadsafe(started.set)
+        threading.Event().wait(0.3)
+        # From any thread, so that the test can see whether it was closed.
+        conn: sqlite3.Connection = real_connect(*args, **{**kwargs, "check_same_thread": False})
+        opened.append(conn)
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", slow_connect)
+    before = set(threading.enumerate())
+    task = asyncio.ensure_future(Store.connect(db_path))
+    await asyncio.wait_for(started.wait(), CALL_TIMEOUT)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert set(threading.enumerate()) <= before  # the worker ended with the connect
+    (conn,) = opened
+    with pytest.raises(sqlite3.ProgrammingError, match="closed database"):
+        conn.execute("SELECT 1")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta, tzinfo
+from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +217,51 @@ async def test_values_whose_own_methods_raise_are_used_by_their_plain_value(stor
     with pytest.raises(InvalidInputError, match=r"Run\.id is a _EmptyId that holds no value"):
         await store.insert_run(Run("m", ["a"], 1, 1, id=RunId(empty)))
     assert await store.list_runs() == []
+
+
+class _LyingInt(int):
+    """An int whose comparisons lie (every one says yes) and whose bit_length() raises."""
+
+    def _yes(self, other: object) -> bool:
+        return True
+
+    def bit_length(self) -> int:
+        raise RuntimeError("hostile")
+
+    __lt__ = __le__ = __gt__ = __ge__ = _yes
+
+
+class _LyingTime(datetime):
+    """A datetime whose isoformat() tells another time."""
+
+    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
+        return "1999-01-01T00:00:00.000000+00:00"
+
+
+async def test_counts_scores_and_times_are_read_by_their_plain_value(store: Store) -> None:
+    """A limit, page size or score whose comparisons lie is judged by its value (-1 is no
+    limit to SQLite: refused, not taken for one); a huge one whose bit_length() raises is
+    still shown; a datetime subclass's own isoformat() is not what is stored."""
+    run = make_run(1)
+    await store.insert_run(run)
+    for call in (
+        lambda: store.claim_runs(_LyingInt(-1)),
+        lambda: store.list_runs(limit=_LyingInt(-1)),
+        lambda: store.iter_jobs(run.id, page_size=_LyingInt(0)).__anext__(),
+    ):
+        with pytest.raises(InvalidInputError, match=r"must be an int from"):
+            await call()
+    assert (await store.get_run(run.id)) == run  # not claimed
+    (job,) = make_jobs(run, 1)
+    await store.insert_jobs([job])
+    with pytest.raises(InvalidInputError, match=r"score is an int of about \d+ digits"):
+        await store.record_job_outcome(run.id, JobOutcome(job.id, score=_LyingInt(2**200 + 1)))
+    when = _LyingTime(2024, 1, 1, tzinfo=UTC)
+    timed = Run("m", ["a"], 1, 1, created_at=when)
+    await store.insert_run(timed)
+    stored = await store.get_run(timed.id)
+    assert stored is not None
+    assert stored.created_at == datetime(2024, 1, 1, tzinfo=UTC)
 
 
 class _EmptyId(uuid.UUID):

@@ -111,6 +111,16 @@ async def test_database_from_a_newer_release_is_refused(db_path: Path) -> None:
             "'init'",
         ),
         (
+            f"UPDATE {TRACKING} SET description = CAST(x'ff' AS TEXT) WHERE version = 1",
+            "description of row 1 holds b'\\xff'",
+            "'init'",
+        ),
+        (
+            f"UPDATE {TRACKING} SET installed_on = x'00ff' WHERE version = 2",
+            "installed_on of row 2",
+            "checksum X'",
+        ),
+        (
             f"INSERT INTO {TRACKING} VALUES (-1, 'neg', 'x', 1, x'00', 1)",
             "version of row -1 holds -1",
             f"DELETE FROM {TRACKING} WHERE version = -1",
@@ -121,6 +131,8 @@ async def test_database_from_a_newer_release_is_refused(db_path: Path) -> None:
         "checksum-as-int",
         "success-as-text",
         "description-blob",
+        "description-not-utf8",
+        "installed-on-blob",
         "version-below-1",
     ],
 )
@@ -139,6 +151,18 @@ async def test_a_hand_edited_tracking_row_is_named_with_its_repair(
     assert f"{TRACKING}.{cell}" in str(caught.value)
     assert fix in str(caught.value)
     assert db_path.read_bytes() == before
+
+
+async def test_a_tracking_table_missing_a_column_says_to_restore(db_path: Path) -> None:
+    """A column of the tracking table dropped by hand: connect cannot read which migrations
+    made the schema, and says to restore, not to run check() (which cannot connect either)."""
+    with raw_db(db_path) as conn:
+        conn.execute(f"ALTER TABLE {TRACKING} DROP COLUMN success")
+    for read_only in (False, True):
+        with pytest.raises(MigrationError, match=r"is not as control_store made it") as caught:
+            await Store.connect(db_path, read_only=read_only)
+        assert "restore the database from a backup" in str(caught.value)
+        assert "check()" not in str(caught.value)
 
 
 async def test_failed_migration_is_refused(db_path: Path) -> None:
