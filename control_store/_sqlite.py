@@ -242,6 +242,7 @@ SELECT_SCHEMA: Final = (
 SELECT_COLUMNS: Final = "SELECT * FROM pragma_table_info(?)"
 SELECT_FOREIGN_KEYS: Final = "SELECT * FROM pragma_foreign_key_list(?)"
 SELECT_INDEX_COLUMNS: Final = "SELECT * FROM pragma_index_info(?) ORDER BY seqno"
+SELECT_INDEXES: Final = "SELECT * FROM pragma_index_list(?)"
 # Every named object, views and triggers too: a view may stand where a table should.
 SELECT_OBJECTS: Final = (
     "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite%'"
@@ -591,8 +592,7 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
         elif isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc):
             error = StoreClosedError(f"the store for {database} is closed; connect again")
         elif missing := _SCHEMA_DAMAGE.match(str(exc)):
-            table = missing.group("table") or missing.group("has") or missing.group("view")
-            if table is None or table in _schema_tables():
+            if _ours(missing):
                 error = MigrationError(
                     f"{database} lacks part of the schema this release made [{detail}]: a "
                     "table or column was dropped or changed (by hand, or by a tool); nothing was "
@@ -600,11 +600,12 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
                     "missing and how to repair it"
                 )
             else:
+                name = missing.group("column") or missing.group("table")
                 error = ControlError(
-                    f"{database} failed [{detail}]: {table} is no table of this release's "
-                    "schema, so a trigger or view of your own refers to it; nothing was "
-                    "written: repair that trigger or view (SELECT name, sql FROM sqlite_master "
-                    f"WHERE sql LIKE '%{table}%' lists them)"
+                    f"{database} failed [{detail}]: {name} is no part of this release's schema, "
+                    "so a trigger or view of your own refers to it; nothing was written: "
+                    "repair that trigger or view (SELECT name, sql FROM sqlite_master WHERE sql "
+                    f"LIKE '%{name}%' lists them)"
                 )
         else:
             error = ControlError(f"{database} failed: {detail}")
@@ -621,15 +622,20 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
 # SQLite's errors for a schema missing a part, or holding another kind of object under a
 # name, with the table's name when the message gives it.
 _SCHEMA_DAMAGE: Final = re.compile(
-    r"no such table: (?:main\.)?(?P<table>\w+)|no such column: |table (?P<has>\w+) has no "
-    r"column named |cannot modify (?P<view>\w+) because it is a view"
+    r"no such table: (?:main\.)?(?P<table>\w+)|no such column: (?:\w+\.)?(?P<column>\w+)"
+    r"|table (?P<has>\w+) has no column named |cannot modify (?P<view>\w+) because it is a view"
+    r'|foreign key mismatch - "(?P<refers>\w+)" referencing'
 )
 
 
-def _schema_tables() -> set[str]:
-    """The tables this release's schema has, the tracking table among them."""
-    tables = {part.name for part in _expected_schema() if part.kind == "table"}
-    return tables | {_migrate.TRACKING_TABLE}
+def _ours(missing: re.Match[str]) -> bool:
+    """Whether the table or column a _SCHEMA_DAMAGE error names is one of this release's
+    schema (else a trigger or view of the user's own names it)."""
+    schema = [part for part in _expected_schema() if part.kind == "table"]
+    if (column := missing.group("column")) is not None:
+        return any(column.lower() in part.column_names for part in schema)
+    table = next(name for name in missing.group("table", "has", "view", "refers") if name)
+    return table.lower() in {part.name for part in schema} | {_migrate.TRACKING_TABLE}
 
 
 class _Abandoned(Exception):
@@ -1371,15 +1377,25 @@ def integrity_repair(line: str) -> str:
 @dataclass(frozen=True, slots=True)
 class _Part:
     """A table or index of the schema, as check() compares it between this release's schema
-    and a database's: its table's name, the SQL that makes it, its columns (a table's, or the
-    ones an index keys) and, for a table, its foreign keys (column, table, column)."""
+    and a database's. Names in lower case (SQLite's names ignore case). ``columns``: a
+    table's (name, type, NOT NULL, default, primary key position), or the columns an index
+    keys; ``keys``: a table's foreign keys (column, table, column); ``flags``: an index's
+    (UNIQUE, partial)."""
 
     kind: str
     name: str
     table: str
     sql: str
-    columns: tuple[str, ...]
+    columns: tuple[tuple[object, ...], ...]
     keys: tuple[tuple[str, str, str], ...]
+    flags: tuple[object, ...]
+
+    @property
+    def column_names(self) -> list[object]:
+        return [column[0] for column in self.columns]
+
+
+_Shape = tuple[tuple[tuple[object, ...], ...], tuple[tuple[str, str, str], ...], tuple[object, ...]]
 
 
 @cache
@@ -1391,32 +1407,65 @@ def _expected_schema() -> list[_Part]:
         for migration in _migrate.load_migrations("sqlite"):
             conn.executescript(migration.sql)
         return [
-            _Part(kind, name, table, " ".join(sql.split()), *_shape(conn, kind, name))
+            _Part(
+                kind,
+                name.lower(),
+                table.lower(),
+                " ".join(sql.split()),
+                *_shape(conn, kind, name, table),
+            )
             for kind, name, table, sql in conn.execute(SELECT_SCHEMA).fetchall()
         ]
     finally:
         conn.close()
 
 
-def _shape(
-    conn: sqlite3.Connection, kind: str, name: str
-) -> tuple[tuple[str, ...], tuple[tuple[str, str, str], ...]]:
-    """(columns, foreign keys) of the table or index ``name`` in ``conn``."""
+def _shape(conn: sqlite3.Connection, kind: str, name: str, table: str) -> _Shape:
+    """(columns, foreign keys, flags) of the table or index ``name`` (of ``table``), as _Part
+    holds them."""
     if kind == "index":
-        return tuple(row[2] for row in conn.execute(SELECT_INDEX_COLUMNS, (name,))), ()
-    columns = tuple(row[1] for row in conn.execute(SELECT_COLUMNS, (name,)))
-    keys = tuple((row[3], row[2], row[4]) for row in conn.execute(SELECT_FOREIGN_KEYS, (name,)))
-    return columns, keys
+        keyed = tuple((str(row[2]).lower(),) for row in conn.execute(SELECT_INDEX_COLUMNS, (name,)))
+        flags = next(
+            (
+                (row[2], row[4])
+                for row in conn.execute(SELECT_INDEXES, (table,))
+                if str(row[1]).lower() == name.lower()
+            ),
+            (),
+        )
+        return keyed, (), flags
+    columns = tuple(
+        (str(row[1]).lower(), str(row[2]).upper(), row[3], row[4], row[5])
+        for row in conn.execute(SELECT_COLUMNS, (name,))
+    )
+    keys = tuple(
+        (str(row[3]).lower(), str(row[2]).lower(), str(row[4]).lower())
+        for row in conn.execute(SELECT_FOREIGN_KEYS, (name,))
+    )
+    return columns, keys, ()
+
+
+def _column_text(column: tuple[object, ...]) -> str:
+    """A column's definition as its CREATE TABLE would spell it."""
+    _, kind, not_null, default, key = column
+    return (
+        f"{kind}{' PRIMARY KEY' if key else ''}{' NOT NULL' if not_null else ''}"
+        f"{f' DEFAULT {default}' if default is not None else ''}"
+    )
 
 
 def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], None]) -> bool:
     """Report where the database's schema differs from this release's (a part dropped, renamed
-    or changed by hand or by a tool), each with its repair; False if a table is missing or not
+    or redefined by hand or by a tool), each with its repair; False if a table is missing or not
     as made, which the row checks need. What the database has beyond it (a user's own table,
     column, index or trigger) is no finding.
     """
-    have = {name: (kind, table) for kind, name, table, _ in conn.execute(SELECT_OBJECTS)}
-    sound = True
+    have = {
+        str(name).lower(): (kind, str(table).lower())
+        for kind, name, table, _ in conn.execute(SELECT_OBJECTS)
+    }
+    ours = {part.name for part in _expected_schema()} | {_migrate.TRACKING_TABLE}
+    unsound: set[str] = set()
 
     def report(message: str) -> None:
         found("database", "", message)
@@ -1424,25 +1473,41 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
     for part in _expected_schema():
         kind, table = have.get(part.name, (None, None))
         if part.kind == "index":
-            if have.get(part.table, (None, None))[0] != "table":
-                continue  # its table's finding covers it
+            if part.table in unsound:
+                continue  # repaired with its table
+            shape = (part.columns, part.keys, part.flags)
             if (
-                kind != "index"
-                or table != part.table
-                or _shape(conn, kind, part.name)
-                != (
-                    part.columns,
-                    part.keys,
-                )
+                kind == "index"
+                and table == part.table
+                and _shape(conn, kind, part.name, table) == shape
             ):
-                drop = f"DROP INDEX {part.name}; " if kind == "index" else ""
-                report(
-                    f"the schema lacks index {part.name} as this release made it "
-                    f"({part.sql}); make it again: {drop}{part.sql}"
-                )
+                continue
+            drop = f"DROP INDEX {part.name}; " if kind == "index" else ""
+            report(
+                f"the schema lacks index {part.name} as this release made it ({part.sql}); "
+                f"make it again: {drop}{part.sql}"
+            )
             continue
         if kind != "table":
-            sound = False
+            unsound.add(part.name)
+            clear = "" if kind is None else f"DROP {str(kind).upper()} {part.name}; "
+            # A table of the user's with this one's columns may be this one, renamed.
+            renamed = next(
+                (
+                    other
+                    for other, (other_kind, _) in have.items()
+                    if other_kind == "table"
+                    and other not in ours
+                    and [c[0] for c in _shape(conn, "table", other, other)[0]] == part.column_names
+                ),
+                None,
+            )
+            back = (
+                f"if {renamed} is {part.name} renamed, rename it back: {clear}ALTER TABLE "
+                f"{renamed} RENAME TO {part.name}; else "
+                if renamed is not None
+                else ""
+            )
             # The table's CREATE, then its indexes', dropped first: a rename takes them along.
             make = "; ".join(
                 other.sql
@@ -1451,33 +1516,58 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
                 for other in _expected_schema()
                 if other.table == part.name
             )
-            if kind is None:
-                what, clear = f"lacks table {part.name}, and its rows with it", ""
-            else:
-                what = f"has a {kind} named {part.name} where this release's table should be"
-                clear = f"DROP {kind.upper()} {part.name}; then "
+            what = (
+                f"lacks table {part.name}"
+                if kind is None
+                else (f"has a {kind} named {part.name} where this release's table should be")
+            )
             report(
-                f"the schema {what}; restore the database from a backup (without one, "
+                f"the schema {what}; {back}restore the database from a backup (without one, "
                 f"{clear}make it again, empty: {make})"
             )
             continue
-        columns, keys = _shape(conn, "table", part.name)
-        for column in part.columns:
-            if column not in columns:
-                sound = False
-                report(
-                    f"the schema lacks column {part.name}.{column}, and its values with it; "
-                    "restore the database from a backup"
+        columns, keys, _ = _shape(conn, "table", part.name, part.name)
+        by_name = {column[0]: column for column in columns}
+        strangers = [column[0] for column in columns if column[0] not in part.column_names]
+        for want in part.columns:
+            got = by_name.get(want[0])
+            if got == want:
+                continue
+            unsound.add(part.name)
+            if got is None:
+                back = (
+                    f"if {part.name}.{strangers[0]} is it renamed, rename it back: ALTER TABLE "
+                    f"{part.name} RENAME COLUMN {strangers[0]} TO {want[0]}; else "
+                    if len(strangers) == 1
+                    else ""
                 )
-        for column, target, target_column in part.keys:
-            if (column, target, target_column) not in keys:
-                sound = False
                 report(
-                    f"column {part.name}.{column} no longer refers to {target}({target_column}) "
-                    f"(renaming {target} rewrites the references to it); restore the database "
-                    "from a backup"
+                    f"the schema lacks column {part.name}.{want[0]}; {back}restore the database "
+                    "from a backup (its values are not in this file)"
                 )
-    return sound
+            else:
+                report(
+                    f"column {part.name}.{want[0]} is {_column_text(got)}, not "
+                    f"{_column_text(want)} as this release made it (a table rebuilt by hand, "
+                    "by CREATE TABLE ... AS SELECT say, loses its keys and constraints); restore "
+                    "the database from a backup"
+                )
+        for key in part.keys:
+            if key in keys:
+                continue
+            unsound.add(part.name)
+            now = [other for other in keys if other[0] == key[0]]
+            why = (
+                f"it refers to {now[0][1]}({now[0][2]}) instead: renaming a table rewrites the "
+                "references to it"
+                if now
+                else "it has no foreign key: a table rebuilt by hand loses them"
+            )
+            report(
+                f"column {part.name}.{key[0]} no longer refers to {key[1]}({key[2]}) ({why}); "
+                "restore the database from a backup"
+            )
+    return not unsound
 
 
 _ROWS_NEED_SCHEMA: Final = (
