@@ -234,10 +234,11 @@ CREATE TABLE IF NOT EXISTS {_migrate.TRACKING_TABLE} (
 )
 """
 # The tables and indexes of the schema (not SQLite's own, nor the tracking table, which
-# connect reads and checks), and a table's columns.
+# connect reads and checks), and what check() compares of each.
 SELECT_SCHEMA: Final = (
     "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN ('table', 'index') "
-    f"AND name NOT LIKE 'sqlite%' AND name != '{_migrate.TRACKING_TABLE}' ORDER BY rowid"
+    f"AND name NOT LIKE 'sqlite^_%' ESCAPE '^' AND name != '{_migrate.TRACKING_TABLE}' "
+    "ORDER BY rowid"
 )
 SELECT_COLUMNS: Final = "SELECT * FROM pragma_table_info(?)"
 SELECT_FOREIGN_KEYS: Final = "SELECT * FROM pragma_foreign_key_list(?)"
@@ -245,7 +246,7 @@ SELECT_INDEX_COLUMNS: Final = "SELECT * FROM pragma_index_info(?) ORDER BY seqno
 SELECT_INDEXES: Final = "SELECT * FROM pragma_index_list(?)"
 # Every named object, views and triggers too: a view may stand where a table should.
 SELECT_OBJECTS: Final = (
-    "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite%'"
+    "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite^_%' ESCAPE '^'"
 )
 SELECT_APPLIED: Final = (
     f"SELECT version, description, checksum, success, installed_on "
