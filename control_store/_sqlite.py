@@ -908,10 +908,19 @@ def check_schema(conn: sqlite3.Connection, *, database: str, read_only: bool = T
     names = ", ".join(f"{m.version} ({m.description})" for m in todo)
     if not applied:
         _refuse_foreign_database(conn, database)  # another application's: say so, not "empty"
-        state = "has no control_store migration applied (it is empty)"
+        held = sorted({row[0] for row in conn.execute(SCHEMA_NAMES)} - {_migrate.TRACKING_TABLE})
+        state = (
+            f"has no control_store migration recorded, though it holds {', '.join(held)}: its "
+            f"rows in {_migrate.TRACKING_TABLE} were lost"
+            if held
+            else "has no control_store migration applied (it is empty)"
+        )
         fix = (
-            "point read_only at a control_store database, or create the schema by connecting "
-            "once without read_only (control-store migrate does that)"
+            "connect once without read_only (control-store migrate): its error gives each row "
+            "to put back"
+            if held
+            else "point read_only at a control_store database, or create the schema by "
+            "connecting once without read_only (control-store migrate does that)"
         )
     else:
         latest = next(row for row in applied if row.version == found)
@@ -1065,6 +1074,28 @@ def _tracking_row(version: int) -> str:
     return "a text description, success 0 or 1, and the migration file's SHA-384 as a blob"
 
 
+def _migration_fix(migration: _migrate.Migration, exc: sqlite3.Error) -> str:
+    """The fix for a migration that failed: when what it makes is there already, its tracking
+    row was lost (deleted by hand, the file pieced together), and putting it back is the
+    repair; else the migration file or the database is at fault."""
+    if not _ALREADY_MADE.search(str(exc)):
+        return "fix the migration file or the database"
+    return (
+        "what it makes is in the schema already, so its row in "
+        f"{_migrate.TRACKING_TABLE} was lost (deleted by hand, or the file pieced together): "
+        "if the schema is as this migration makes it (check() compares it once the row is "
+        f"back), put the row back: INSERT INTO {_migrate.TRACKING_TABLE} (version, "
+        "description, installed_on, success, checksum, execution_time) VALUES "
+        f"({migration.version}, '{migration.description}', "
+        f"'{_codec.format_timestamp(utc_now(), what='installed_on')}', 1, "
+        f"X'{migration.checksum.hex()}', 0); else restore the database from a backup"
+    )
+
+
+# SQLite's errors for a CREATE or ADD COLUMN whose object is there already.
+_ALREADY_MADE: Final = re.compile(r"already exists|duplicate column name")
+
+
 def migrate(conn: sqlite3.Connection, *, database: str) -> list[int]:
     """Apply every pending migration; return the versions applied.
 
@@ -1095,7 +1126,7 @@ def migrate(conn: sqlite3.Connection, *, database: str) -> list[int]:
                         f"migration {migration.version} ({migration.description}) failed on "
                         f"{database}: {exc} ({name}), in statement "
                         f"{_strip_comments(statement).strip()[:200]!r}; "
-                        "none of it was applied: fix the migration file or the database"
+                        f"none of it was applied: {_migration_fix(migration, exc)}"
                     ) from exc
             conn.execute(
                 INSERT_APPLIED,

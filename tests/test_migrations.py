@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -163,6 +164,36 @@ async def test_a_tracking_table_missing_a_column_says_to_restore(db_path: Path) 
             await Store.connect(db_path, read_only=read_only)
         assert "restore the database from a backup" in str(caught.value)
         assert "check()" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("lost", "refusals"), [("version = 2", 1), ("1 = 1", 2)], ids=["newest-row", "every-row"]
+)
+async def test_a_lost_tracking_row_gets_its_insert_as_the_repair(
+    db_path: Path, lost: str, refusals: int
+) -> None:
+    """Tracking rows deleted by hand, the newest or all: the migration runs again and meets
+    what it made ("duplicate column", "already exists"). The error gives the INSERT that puts
+    the row back (one migration at a time); made as given, connect works and check() finds
+    nothing."""
+    run = make_run()
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+    with raw_db(db_path) as conn:
+        conn.execute(f"DELETE FROM {TRACKING} WHERE {lost}")
+    if refusals == 2:  # no row at all: read-only, it is not taken for an empty file
+        with pytest.raises(PendingMigrationError, match=f"its rows in {TRACKING} were lost"):
+            await Store.connect(db_path, read_only=True)
+    for _ in range(refusals):
+        with pytest.raises(MigrationError, match=f"its row in {TRACKING} was lost") as caught:
+            await Store.connect(db_path)
+        insert = re.search(r"put the row back: (INSERT INTO .*?\)); else", str(caught.value))
+        assert insert is not None
+        with raw_db(db_path) as conn:
+            conn.execute(insert[1])
+    async with Store.connect(db_path) as store:
+        assert await store.get_run(run.id) == run
+        assert await store.check() == []
 
 
 async def test_failed_migration_is_refused(db_path: Path) -> None:
