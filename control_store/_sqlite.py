@@ -233,21 +233,17 @@ CREATE TABLE IF NOT EXISTS {_migrate.TRACKING_TABLE} (
     execution_time  INTEGER NOT NULL
 )
 """
-# The tables and indexes of the schema (not SQLite's own, nor the tracking table, which
-# connect reads and checks), and what check() compares of each.
-SELECT_SCHEMA: Final = (
-    "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN ('table', 'index') "
-    f"AND name NOT LIKE 'sqlite^_%' ESCAPE '^' AND name != '{_migrate.TRACKING_TABLE}' "
-    "ORDER BY rowid"
+# check(): every object of the schema but SQLite's own, views and triggers too (a view may
+# stand where a table should), in the order made (a table before its indexes); and what it
+# compares of each table and index.
+SELECT_OBJECTS: Final = (
+    "SELECT type, name, tbl_name, sql FROM sqlite_schema "
+    "WHERE name NOT LIKE 'sqlite^_%' ESCAPE '^' ORDER BY rowid"
 )
 SELECT_COLUMNS: Final = "SELECT * FROM pragma_table_info(?)"
 SELECT_FOREIGN_KEYS: Final = "SELECT * FROM pragma_foreign_key_list(?)"
 SELECT_INDEX_COLUMNS: Final = "SELECT * FROM pragma_index_info(?) ORDER BY seqno"
 SELECT_INDEXES: Final = "SELECT * FROM pragma_index_list(?)"
-# Every named object, views and triggers too: a view may stand where a table should.
-SELECT_OBJECTS: Final = (
-    "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite^_%' ESCAPE '^'"
-)
 SELECT_APPLIED: Final = (
     f"SELECT version, description, checksum, success, installed_on "
     f"FROM {_migrate.TRACKING_TABLE} ORDER BY version"
@@ -1286,11 +1282,16 @@ def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
     return cursor.rowcount
 
 
+def _replayable(items: Iterable[Any]) -> bool:
+    """Whether ``items`` is a list or a tuple: its iterator cannot raise, and it can be read
+    again; any other iterable may do either (a generator, a cursor of another database)."""
+    return type(items) in (list, tuple)
+
+
 def insert_jobs_op(jobs: Iterable[Job]) -> Op[int]:
-    """The op inserting ``jobs``: a RunsOnce unless they are a list or a tuple, which can be
-    read again."""
+    """The op inserting ``jobs``: a RunsOnce unless they can be read again (_replayable)."""
     op = partial(op_insert_jobs, jobs)
-    return op if type(jobs) in (list, tuple) else RunsOnce(op)
+    return op if _replayable(jobs) else RunsOnce(op)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1308,9 +1309,9 @@ def guarded(items: Iterable[T]) -> Iterable[T]:
     """The caller's batch, with what its iterable raises wrapped in RaisedByCaller, so that it
     reaches the caller as it is: an error of the caller's own source (another database's
     cursor failing, say) must never be taken for, or turned into, one of this store's (a
-    locked or closed store, a value too long, a refused item). The iterator of a list or a
-    tuple cannot raise, and skips the guard, whose frame costs up to 3% of a job's insert."""
-    return items if type(items) in (list, tuple) else _pulled(items)
+    locked or closed store, a value too long, a refused item). A _replayable batch cannot
+    raise, and skips the guard, whose frame costs up to 3% of a job's insert."""
+    return items if _replayable(items) else _pulled(items)
 
 
 def _pulled(items: Iterable[T]) -> Iterator[T]:
@@ -1446,7 +1447,8 @@ def _expected_schema() -> list[_Part]:
                 " ".join(sql.split()),
                 *_shape(conn, kind, name, table),
             )
-            for kind, name, table, sql in conn.execute(SELECT_SCHEMA).fetchall()
+            for kind, name, table, sql in conn.execute(SELECT_OBJECTS).fetchall()
+            if kind in ("table", "index")
         ]
     finally:
         conn.close()
