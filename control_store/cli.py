@@ -268,10 +268,11 @@ def _naming_the_url(args: argparse.Namespace) -> Iterator[None]:
         raise
 
 
-def _given_url(args: argparse.Namespace, url: str) -> list[str]:
+def _given_url(args: argparse.Namespace) -> list[str]:
     """``--url URL`` for a suggested command when the user gave --url: without it, the command
     pasted would open $CONTROL_STORE_URL or the default instead (they need no option)."""
-    return ["--url", _sqlite.redact(url)] if getattr(args, "url", None) else []
+    given = getattr(args, "url", None)
+    return ["--url", _sqlite.redact(given)] if given else []
 
 
 def _command(*argv: str) -> str:
@@ -322,7 +323,7 @@ async def _open_existing(args: argparse.Namespace) -> Store:
 
 async def _open_read_only(args: argparse.Namespace) -> Store:
     url = _url(args)
-    given = _given_url(args, url)
+    given = _given_url(args)
     hint = f"create one with {_command('migrate', *given)} (or {_command('demo', *given)})"
     path = _database_path(url, create_hint=hint)
     if path == _sqlite.MEMORY:
@@ -399,7 +400,7 @@ async def _open_for_status(args: argparse.Namespace) -> Store:
     """Open the store read-only to list its migrations, at whatever version it is."""
     url = _url(args)
     with _naming_the_url(args):
-        hint = f"create one with {_command('migrate', *_given_url(args, url))}"
+        hint = f"create one with {_command('migrate', *_given_url(args))}"
         path = _database_path(url, create_hint=hint)
         if path == _sqlite.MEMORY:
             return _track(
@@ -585,7 +586,7 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
         if run is None:
             raise NotFoundError(
                 f"no run {args.run_id} in {_shown(args)}; list the runs with "
-                f"{_command('runs', *_given_url(args, _url(args)))}"
+                f"{_command('runs', *_given_url(args))}"
             )
         summary = await _summarise(store, run)
     counts, overall, per_model = summary.counts, summary.overall, summary.per_model
@@ -751,7 +752,7 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
             )
         )
     else:
-        _summarise_demo(out, config, snap, checks, ok, where=_given_url(args, _url(args)))
+        _summarise_demo(out, config, snap, checks, ok, where=_given_url(args))
     if not ok:
         failed = "; ".join(c.name for c in checks if not c.ok)
         _complain(f"{PROG}: error: demo invariant failed: {failed}")
