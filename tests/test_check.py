@@ -1049,29 +1049,28 @@ async def test_a_missing_table_a_users_trigger_names_is_not_blamed_on_the_schema
     """A trigger of the user's own that writes to a table since dropped: the write fails saying
     so, not that this release's schema lacks a part (check() rightly finds nothing); a table of
     this release's replaced by a view is blamed on the schema, with check() to run."""
-    with raw_db(db_path) as conn:
-        conn.executescript(
+    own_parts = (  # the user's trigger names a table, then a column, that is gone
+        (
             "CREATE TABLE audit (id TEXT); CREATE TRIGGER audit_runs AFTER INSERT ON runs "
-            "BEGIN INSERT INTO audit VALUES (new.id); END; DROP TABLE audit"
-        )
-    async with Store.connect(db_path) as store:
-        with pytest.raises(
-            ControlError, match=r"audit is no part of this release's schema"
-        ) as caught:
-            await store.insert_run(make_run())
-        assert not isinstance(caught.value, MigrationError)
-        assert await store.check() == []
-    with raw_db(db_path) as conn:  # now a column of the user's own table is missing
-        conn.executescript(
+            "BEGIN INSERT INTO audit VALUES (new.id); END; DROP TABLE audit",
+            "audit",
+        ),
+        (
             "CREATE TABLE audit (id TEXT); DROP TRIGGER audit_runs; CREATE TRIGGER audit_runs "
-            "AFTER INSERT ON runs BEGIN UPDATE audit SET tally = tally + 1; END"
-        )
-    async with Store.connect(db_path) as store:
-        with pytest.raises(
-            ControlError, match=r"tally is no part of this release's schema"
-        ) as caught:
-            await store.insert_run(make_run())
-        assert not isinstance(caught.value, MigrationError)
+            "AFTER INSERT ON runs BEGIN UPDATE audit SET tally = tally + 1; END",
+            "tally",
+        ),
+    )
+    for edit, missing in own_parts:
+        with raw_db(db_path) as conn:
+            conn.executescript(edit)
+        async with Store.connect(db_path) as store:
+            with pytest.raises(
+                ControlError, match=rf"{missing} is no part of this release's schema"
+            ) as caught:
+                await store.insert_run(make_run())
+            assert not isinstance(caught.value, MigrationError)
+            assert await store.check() == []
     with raw_db(db_path) as conn:
         conn.executescript(
             "DROP TRIGGER audit_runs; ALTER TABLE jobs RENAME TO j; "
