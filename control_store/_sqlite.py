@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
-from typing import Any, Final, NoReturn, TypeVar, cast
+from typing import Any, Final, NamedTuple, NoReturn, TypeVar, cast
 
 import aiosqlite
 import aiosqlite.core
@@ -635,10 +635,6 @@ def _ours(missing: re.Match[str]) -> bool:
     return table.lower() in {part.name for part in schema} | {_migrate.TRACKING_TABLE}
 
 
-class _Abandoned(Exception):
-    """A connection opened after its caller stopped waiting for it: closed, handed to no one."""
-
-
 def _too_big(detail: str) -> InvalidInputError:
     return InvalidInputError(
         f"a value of this call is longer than SQLite keeps in one text or blob (its length "
@@ -652,19 +648,22 @@ def _too_big(detail: str) -> InvalidInputError:
 # worker thread with the sqlite3 connection. These private names of aiosqlite.Connection are
 # the whole of what we rely on, checked at connect (check_worker) and by
 # tests/test_sqlite_backend.py, so an aiosqlite that changes them fails loudly, not oddly:
-#   _connection  the sqlite3.Connection, None once closed
+#   _connection  the sqlite3.Connection, None before it is opened and once closed; we open
+#                it ourselves, on the worker (see open_on_worker), and never await the
+#                aiosqlite.Connection itself
 #   _running     False once the worker was told to stop
 #   _tx          the worker's queue of (future or None, zero-argument function); the worker
 #                calls the function and, given a future, resolves it on its loop. We give None
 #                and settle our own future (see _deliver), which survives a closed loop
-#   _thread      the worker, a threading.Thread not yet started until the connection is awaited
-#                (see daemon_worker)
+#   _thread      the worker, a threading.Thread that awaiting the connection would start; we
+#                make it a daemon (see daemon_worker) and start it ourselves
 # and aiosqlite.core._STOP_RUNNING_SENTINEL, which a function returns to end the worker's loop
 # (see stop_worker).
 # We put on _tx ourselves rather than await Connection._execute: that saves a coroutine, a
 # functools.partial and a loop lookup on every call of the hot path.
 
-# How long a failed connect waits for its worker thread to end (it ends in microseconds).
+# How long a connect whose open failed waits for its worker thread to end (it ends in
+# microseconds: it is past the open, and has only its stop left to run).
 _STOP_WAIT: Final = 5.0
 
 _WORKER_ATTRIBUTES: Final = ("_connection", "_running", "_tx", "_thread")
@@ -685,7 +684,7 @@ def check_worker(conn: aiosqlite.Connection) -> None:
 
 
 def daemon_worker(conn: aiosqlite.Connection) -> None:
-    """Make the worker of a connection not yet awaited a daemon thread.
+    """Make the worker of a connection not yet started a daemon thread.
 
     aiosqlite's worker is a non-daemon thread that waits on its queue until close(). The
     interpreter joins non-daemon threads at exit before it collects anything, so a process
@@ -699,27 +698,59 @@ def daemon_worker(conn: aiosqlite.Connection) -> None:
     if not isinstance(thread, threading.Thread) or thread.ident is not None:
         raise ConfigurationError(
             f"control_store expects aiosqlite.Connection._thread to be a threading.Thread not "
-            f"yet started before the connection is awaited; this aiosqlite "
+            f"yet started when the connection is made; this aiosqlite "
             f"({aiosqlite.__version__}) has {thread!r}; install an aiosqlite version "
             "control_store supports (see pyproject.toml)"
         )
     thread.daemon = True
 
 
+class Opening(NamedTuple):
+    """A connection whose file is being opened on its worker (see open_on_worker)."""
+
+    conn: aiosqlite.Connection
+    opened: asyncio.Future[aiosqlite.Connection]  # ``conn``, once its file is open
+
+
+def open_on_worker(open_file: Callable[[], sqlite3.Connection]) -> Opening:
+    """Start a new connection's worker thread (a daemon) and open the file on it.
+
+    The worker makes the sqlite3 connection the aiosqlite connection's own before it hands
+    the connection over, so a stop_worker queued behind the open closes it on the worker's
+    thread even if no one took it (its caller cancelled); and the hand-over survives a loop
+    that has closed meanwhile (see _deliver).
+    """
+    conn = aiosqlite.Connection(open_file, iter_chunk_size=64)
+    daemon_worker(conn)
+    conn._thread.start()
+    loop = asyncio.get_running_loop()
+    opened: asyncio.Future[aiosqlite.Connection] = loop.create_future()
+
+    def open_it() -> aiosqlite.Connection:
+        conn._connection = open_file()
+        return conn
+
+    conn._tx.put_nowait((None, partial(_deliver, loop, opened, open_it)))
+    return Opening(conn, opened)
+
+
 def stop_worker(conn: aiosqlite.Connection) -> None:
-    """End the worker of a connection nobody will close, from a finalizer: no await, no loop.
+    """End the worker of a connection nobody will use again, with no await and no loop: from a
+    finalizer, or from a connect that failed or was cancelled while its file was still opening.
 
     aiosqlite's own finalizer would stop it, but only after its ResourceWarning, which a test
     suite run with warnings as errors turns into an exception that skips the stop: the thread
-    and the sqlite3 connection would live on. Marking the connection closed first keeps that
-    finalizer quiet (ours has said it); the queued function closes the sqlite3 connection on
-    the worker's own thread, after any function still queued, then ends the worker's loop.
+    and the sqlite3 connection would live on. The queued function runs on the worker's own
+    thread after every function queued before it (an open still under way included), closes
+    the sqlite3 connection as it then stands, and ends the worker's loop; no result is handed
+    to any event loop, so a loop that closed meanwhile makes nothing fail on the thread. Until
+    then the connection is marked closed, so no call is queued behind the stop; and the queued
+    function holds ``conn``, so aiosqlite's finalizer only runs once the connection is closed.
     """
-    raw = conn._connection
-    conn._connection = None
     conn._running = False
 
     def stop() -> object:
+        raw, conn._connection = conn._connection, None
         if raw is not None:
             raw.close()
         return aiosqlite.core._STOP_RUNNING_SENTINEL
@@ -2180,32 +2211,25 @@ class SqliteBackend:
         cls, target: str, database: str, options: Options, **kwargs: Any
     ) -> SqliteBackend:
         """A backend on a new aiosqlite connection in autocommit mode, its worker a daemon
-        (see daemon_worker); the connection is closed again if the backend cannot be built."""
-        abandoned = threading.Event()
+        (see daemon_worker); the connection is closed again if the backend cannot be built.
 
-        def connect() -> sqlite3.Connection:
-            """On the worker: open the connection, as aiosqlite.connect would; closed again at
-            once if its caller gave up meanwhile (cancelled while a slow disk opened it), since
-            no one would ever close it."""
-            raw: sqlite3.Connection = sqlite3.connect(target, isolation_level=None, **kwargs)
-            if abandoned.is_set():
-                raw.close()
-                raise _Abandoned
-            return raw
-
-        connecting = aiosqlite.Connection(connect, iter_chunk_size=64)
-        daemon_worker(connecting)
+        The file is opened on the worker as aiosqlite.connect would, but through our own
+        hand-over (see open_on_worker), so that a connect that fails or is cancelled leaves
+        nothing behind and never waits for the thread: the worker closes whatever it opened,
+        on its own thread, and ends. (aiosqlite's own connect, cancelled, would drop a
+        connection that had just opened for the garbage collector to find, and its stop
+        would hand a result to a loop that may have closed by then, failing on the thread.)
+        """
+        opening = open_on_worker(partial(sqlite3.connect, target, isolation_level=None, **kwargs))
         try:
-            conn = await connecting
+            conn = await opening.opened
         except BaseException as exc:
-            # aiosqlite has queued its worker's stop (the open failed, or its caller was
-            # cancelled while it runs), which hands a result to this loop: wait for the thread
-            # to end, or an asyncio.run ending first makes that hand-over fail on the thread,
-            # with a traceback.
-            abandoned.set()
-            thread = connecting._thread
-            if thread.is_alive():
-                thread.join(_STOP_WAIT)
+            stop_worker(opening.conn)
+            if opening.opened.done() and not opening.opened.cancelled():
+                # The open failed: its worker is past it and ends at once. (Cancelled, the
+                # worker ends by itself once the open in its hands is done: a hung disk must
+                # not hold up the loop.)
+                opening.conn._thread.join(_STOP_WAIT)
             if isinstance(exc, sqlite3.Error):
                 error = translate(exc, database=database, busy_timeout=options.busy_timeout)
                 raise error from exc

@@ -480,34 +480,108 @@ async def test_a_close_cancelled_before_its_first_step_still_ends_the_connection
         assert {run.status for run in await reader.list_runs()} == {RunStatus.QUEUED}
 
 
-async def test_a_connect_cancelled_while_the_file_opens_leaves_nothing_behind(
+class _SlowOpen:
+    """sqlite3.connect held on the worker thread for ``hold`` seconds (a slow disk), each
+    connection it opens kept for the test to check, and made usable from any thread so that
+    the test can see whether the store closed it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, hold: float) -> None:
+        self.opened: list[sqlite3.Connection] = []
+        self.started = threading.Event()
+        self.finished = threading.Event()
+        real_connect = sqlite3.connect
+
+        def slow_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+            self.started.set()
+            threading.Event().wait(hold)
+            conn: sqlite3.Connection = real_connect(*args, **{**kwargs, "check_same_thread": False})
+            self.opened.append(conn)
+            self.finished.set()
+            return conn
+
+        monkeypatch.setattr(sqlite3, "connect", slow_connect)
+
+    def closed(self) -> bool:
+        (conn,) = self.opened
+        try:
+            conn.execute("SELECT 1")
+        except sqlite3.ProgrammingError as exc:
+            return "closed database" in str(exc)
+        return False
+
+
+def _new_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread not in before]
+
+
+async def test_a_connect_cancelled_while_the_file_opens_returns_at_once_and_leaves_nothing(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Cancelled while its connection opens on the worker thread (a slow disk, held here by a
-    slow sqlite3.connect): connect raises CancelledError, its thread ends before it returns (so
-    no hand-over to a loop that may be gone fails on the thread), and the connection that
-    opened after all is closed, not left for the garbage collector."""
-    real_connect = sqlite3.connect
-    opened: list[sqlite3.Connection] = []
-    loop = asyncio.get_running_loop()
-    started = asyncio.Event()
-
-    def slow_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
-        loop.call_soon_threadsafe(started.set)
-        threading.Event().wait(0.3)
-        # From any thread, so that the test can see whether it was closed.
-        conn: sqlite3.Connection = real_connect(*args, **{**kwargs, "check_same_thread": False})
-        opened.append(conn)
-        return conn
-
-    monkeypatch.setattr(sqlite3, "connect", slow_connect)
+    """Cancelled while its file opens on the worker thread (a slow disk, a hung network
+    mount): connect raises CancelledError at once, without waiting for the open, so the event
+    loop is not held; the worker then closes the connection that opened after all, on its own
+    thread, and ends."""
+    slow = _SlowOpen(monkeypatch, hold=0.5)
     before = set(threading.enumerate())
     task = asyncio.ensure_future(Store.connect(db_path))
-    await asyncio.wait_for(started.wait(), CALL_TIMEOUT)
+    await asyncio.sleep(0)  # the task's first step starts the worker and queues the open
+    (worker,) = _new_threads(before)
+    assert await asyncio.to_thread(slow.started.wait, CALL_TIMEOUT)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert set(threading.enumerate()) <= before  # the worker ended with the connect
-    (conn,) = opened
-    with pytest.raises(sqlite3.ProgrammingError, match="closed database"):
-        conn.execute("SELECT 1")
+    assert not slow.finished.is_set()  # returned while the open was still held
+    await asyncio.to_thread(worker.join, CALL_TIMEOUT)
+    assert not worker.is_alive()
+    assert slow.closed()
+
+
+async def test_a_connect_cancelled_as_its_file_opened_closes_what_it_opened(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled after the worker opened the file but before the loop took the connection:
+    the connection no one will take is closed on the worker's thread, not left for the
+    garbage collector (a ResourceWarning on Python 3.13), and the worker ends."""
+    slow = _SlowOpen(monkeypatch, hold=0)
+    before = set(threading.enumerate())
+    task = asyncio.ensure_future(Store.connect(db_path))
+    await asyncio.sleep(0)  # the task's first step starts the worker and queues the open
+    (worker,) = _new_threads(before)
+    # Hold the loop until the open has ended: its hand-over now waits on the loop, behind
+    # the cancel.
+    assert slow.finished.wait(CALL_TIMEOUT)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.to_thread(worker.join, CALL_TIMEOUT)
+    assert not worker.is_alive()
+    assert slow.closed()
+
+
+def test_a_connect_cancelled_by_a_loop_that_ends_before_the_open_leaves_nothing(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """asyncio.run ends (its tasks cancelled, its loop closed) while a connect's file is still
+    opening: when the open ends, nothing fails on the worker thread for want of a loop, the
+    connection is closed, and the worker ends."""
+    slow = _SlowOpen(monkeypatch, hold=0.3)
+    failures: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", failures.append)
+    before = set(threading.enumerate())
+
+    workers: list[threading.Thread] = []
+
+    async def main() -> None:
+        connecting = asyncio.ensure_future(Store.connect(db_path))
+        await asyncio.sleep(0)  # the task's first step starts the worker and queues the open
+        workers.extend(_new_threads(before))
+        assert await asyncio.to_thread(slow.started.wait, CALL_TIMEOUT)
+        assert not connecting.done()  # asyncio.run cancels it as it ends
+
+    asyncio.run(main())
+    assert not slow.finished.is_set()
+    (worker,) = workers
+    worker.join(CALL_TIMEOUT)
+    assert not worker.is_alive()
+    assert slow.closed()
+    assert failures == []
