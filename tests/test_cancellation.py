@@ -481,19 +481,23 @@ async def test_a_close_cancelled_before_its_first_step_still_ends_the_connection
 
 
 class _SlowOpen:
-    """sqlite3.connect held on the worker thread for ``hold`` seconds (a slow disk), each
-    connection it opens kept for the test to check, and made usable from any thread so that
-    the test can see whether the store closed it."""
+    """sqlite3.connect held on the worker thread (a slow disk) until the test releases it, or
+    at most 3 s: less than the 5 s the store once waited for it, so a connect that waited
+    would see the open finish. Each connection it opens is kept for the test to check, and
+    made usable from any thread so that the test can see whether the store closed it."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, hold: float) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *, held: bool = True) -> None:
         self.opened: list[sqlite3.Connection] = []
         self.started = threading.Event()
+        self.release = threading.Event()
         self.finished = threading.Event()
+        if not held:
+            self.release.set()
         real_connect = sqlite3.connect
 
         def slow_connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
             self.started.set()
-            threading.Event().wait(hold)
+            self.release.wait(3)
             conn: sqlite3.Connection = real_connect(*args, **{**kwargs, "check_same_thread": False})
             self.opened.append(conn)
             self.finished.set()
@@ -521,7 +525,7 @@ async def test_a_connect_cancelled_while_the_file_opens_returns_at_once_and_leav
     mount): connect raises CancelledError at once, without waiting for the open, so the event
     loop is not held; the worker then closes the connection that opened after all, on its own
     thread, and ends."""
-    slow = _SlowOpen(monkeypatch, hold=0.5)
+    slow = _SlowOpen(monkeypatch)
     before = set(threading.enumerate())
     task = asyncio.ensure_future(Store.connect(db_path))
     await asyncio.sleep(0)  # the task's first step starts the worker and queues the open
@@ -531,6 +535,7 @@ async def test_a_connect_cancelled_while_the_file_opens_returns_at_once_and_leav
     with pytest.raises(asyncio.CancelledError):
         await task
     assert not slow.finished.is_set()  # returned while the open was still held
+    slow.release.set()
     await asyncio.to_thread(worker.join, CALL_TIMEOUT)
     assert not worker.is_alive()
     assert slow.closed()
@@ -542,7 +547,7 @@ async def test_a_connect_cancelled_as_its_file_opened_closes_what_it_opened(
     """Cancelled after the worker opened the file but before the loop took the connection:
     the connection no one will take is closed on the worker's thread, not left for the
     garbage collector (a ResourceWarning on Python 3.13), and the worker ends."""
-    slow = _SlowOpen(monkeypatch, hold=0)
+    slow = _SlowOpen(monkeypatch, held=False)
     before = set(threading.enumerate())
     task = asyncio.ensure_future(Store.connect(db_path))
     await asyncio.sleep(0)  # the task's first step starts the worker and queues the open
@@ -564,7 +569,7 @@ def test_a_connect_cancelled_by_a_loop_that_ends_before_the_open_leaves_nothing(
     """asyncio.run ends (its tasks cancelled, its loop closed) while a connect's file is still
     opening: when the open ends, nothing fails on the worker thread for want of a loop, the
     connection is closed, and the worker ends."""
-    slow = _SlowOpen(monkeypatch, hold=0.3)
+    slow = _SlowOpen(monkeypatch)
     failures: list[threading.ExceptHookArgs] = []
     monkeypatch.setattr(threading, "excepthook", failures.append)
     before = set(threading.enumerate())
@@ -579,7 +584,8 @@ def test_a_connect_cancelled_by_a_loop_that_ends_before_the_open_leaves_nothing(
         assert not connecting.done()  # asyncio.run cancels it as it ends
 
     asyncio.run(main())
-    assert not slow.finished.is_set()
+    assert not slow.finished.is_set()  # the loop closed while the open was still held
+    slow.release.set()
     (worker,) = workers
     worker.join(CALL_TIMEOUT)
     assert not worker.is_alive()
