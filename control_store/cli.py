@@ -760,10 +760,11 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
 
 
 # The demo's sizes, bounded by what a demo is for: a fleet at work on one machine, watched for
-# a few minutes. Measured on 2 shared cores: 100,000 jobs (4 runs x 5 x 2,500 x 2) took 40 s
-# of fleet time, about 2,500 jobs/s, and the parent peaked at 136 MB, as verify reads every job
-# back (about 1 KB each). 1,000,000 jobs is then some 7 minutes and 1 GB; more is no demo, and
-# --samples 100000000000 would have asked for 10**12 jobs: days of work, terabytes of memory.
+# a few minutes. Measured on 2 shared cores: 1,000,000 jobs (8 runs x 5 x 12,500 x 2) took
+# 410 s of fleet time (about 2,400 jobs/s), 8.7 minutes in all, and the parent peaked at
+# 193 MB, most of it the id of every first delivery the schedulers reported, which verify
+# compares with the database (it walks the jobs a page at a time). More is no demo, and
+# --samples 100000000000 would have asked for 10**12 jobs: days of work, terabytes of ids.
 MAX_DEMO_JOBS: Final = 1_000_000
 # Each scheduler process is a Python interpreter of its own (tens of MB), and all of them take
 # turns at the one file's write lock: a few show the contention, dozens only add waiting.
@@ -810,8 +811,8 @@ def _check_demo_sizes(args: argparse.Namespace) -> None:
         raise UsageError(
             f"--{name} {sizes[name]} is more than the demo can take: {product} is {jobs:,} "
             f"jobs, and the demo takes at most {MAX_DEMO_JOBS:,} (at a few thousand jobs/s, "
-            "minutes of work, and its final check reads every job back into memory, about "
-            f"1 KB each); give a smaller --{name} (or lower {others})"
+            "minutes of work, and its final check holds every job's id); give a smaller "
+            f"--{name} (or lower {others})"
         )
 
 

@@ -1186,6 +1186,9 @@ async def test_verify_passes_a_faithful_fleet(store: Store) -> None:
         ("process-failed", "every scheduler process finished cleanly"),
         ("claimed-twice", "every run claimed by exactly one scheduler"),
         ("recorded-twice", "every job recorded exactly once"),
+        ("first-delivery-unreported", "every job recorded exactly once"),
+        ("job-undone", "every job recorded exactly once"),
+        ("job-deleted", "every job recorded exactly once"),
         ("miscounted-duplicates", "every duplicate absorbed"),
         ("second-delivery-stored", "first delivery kept for every job"),
         ("job-undone", "store.check() finds no problems"),
@@ -1207,6 +1210,11 @@ async def test_verify_catches_each_broken_invariant(
         elif tamper == "recorded-twice":
             twice = [*report.first_deliveries, report.first_deliveries[0]]
             result.reports[0] = demo.ProcessReport(report.claimed, twice)
+        elif tamper == "first-delivery-unreported":
+            result.reports[0] = demo.ProcessReport(report.claimed, report.first_deliveries[1:])
+        elif tamper == "job-deleted":
+            with contextlib.closing(sqlite3.connect(db_path)) as conn, conn:
+                conn.execute("DELETE FROM jobs WHERE id = ?", (str(job.id),))
         elif tamper == "miscounted-duplicates":
             result.snapshot = demo.Snapshot(4, 3, 0, 1, 1, 0.1)
         elif tamper == "second-delivery-stored":
@@ -1246,7 +1254,12 @@ def test_interrupted_demo_exits_130_with_what_to_do(
     [
         (
             ["--samples", "100000000000"],
-            ["--samples 100000000000", "8,000,000,000,000 jobs", "at most 1,000,000", "memory"],
+            [
+                "--samples 100000000000",
+                "8,000,000,000,000 jobs",
+                "at most 1,000,000",
+                "minutes of work",
+            ],
         ),
         (
             ["--runs", "1000", "--models", "10", "--samples", "1000"],
