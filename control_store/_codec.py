@@ -47,10 +47,14 @@ _BATCH: Final = 8
 uuid_text: Final[Callable[[uuid.UUID], str]] = msgspec.to_builtins
 _UUID: Final = uuid.UUID
 
+# What msgspec raises on stored JSON it cannot read. Its DecodeError (and ValidationError, a
+# DecodeError) is a ValueError from msgspec 0.21 on only: named for older ones. JSON nested
+# deeper than Python's recursion limit (an unknown field holding [[[[...]]]], which msgspec
+# parses to skip) raises RecursionError instead, in any column.
+_UNREADABLE_JSON: Final = (msgspec.DecodeError, RecursionError)
+
 # What a batch decoder's fast path raises on a row it cannot take, sending the batch row by row.
-# msgspec's DecodeError (and ValidationError, a DecodeError) is a ValueError from msgspec 0.21
-# on only: named for older ones.
-_REFUSED: Final = (TypeError, ValueError, KeyError, msgspec.DecodeError)
+_REFUSED: Final = (TypeError, ValueError, KeyError, *_UNREADABLE_JSON)
 
 _FLOAT_MAX: Final = int(sys.float_info.max)  # an int beyond it has no float
 _INT64_MIN: Final = -(2**63)
@@ -761,7 +765,7 @@ class _Reader:
             raise self.corrupt(column, value, "expected JSON text")
         try:
             return decode(value)
-        except msgspec.DecodeError as exc:
+        except _UNREADABLE_JSON as exc:
             raise self.corrupt(column, value, str(exc)) from exc
 
     @_collecting
@@ -912,7 +916,7 @@ def decode_run(row: Sequence[Any]) -> Run:
                 created_at=_parse_timestamp(created_at),
                 done_count=done_count,
             )
-        except (ValueError, msgspec.DecodeError):
+        except (ValueError, *_UNREADABLE_JSON):
             pass
     return _checked_run(row)
 
@@ -1040,7 +1044,7 @@ def decode_job(row: Sequence[Any]) -> Job:
                 attempt=attempt,
                 outcome=None if outcome is None else _decode_outcome(outcome),
             )
-        except (ValueError, msgspec.DecodeError):
+        except (ValueError, *_UNREADABLE_JSON):
             pass
     return _checked_job(row)
 

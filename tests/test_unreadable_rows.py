@@ -65,6 +65,39 @@ async def test_unreadable_job_column_is_reported(db_path: Path, column: str, val
             assert caught.value.row_id == str(job.id)
 
 
+@pytest.mark.parametrize("column", ["spec", "outcome"])
+async def test_json_nested_past_the_recursion_limit_is_a_corrupt_row(
+    db_path: Path, column: str
+) -> None:
+    """A JSON cell whose unknown field nests deeper than Python's recursion limit (which
+    msgspec parses to skip, and fails with RecursionError) is a CorruptRowError naming the
+    cell for every read, one row or a batch, and a finding of check()."""
+    run, jobs = await stored_run(db_path, job_count=12)  # beyond the batch decoders' threshold
+    deep = "[" * 100_000 + "]" * 100_000
+    job = jobs[5]
+    if column == "spec":
+        text = f'{{"model":"m","sample_id":"s","epoch":0,"extra":{deep}}}'
+    else:
+        text = f'{{"job_id":"{job.id}","extra":{deep}}}'
+        async with Store.connect(db_path) as store:  # a job that has an outcome is done
+            assert await store.record_job_outcome(run.id, JobOutcome(job.id, score=1.0))
+    with raw_db(db_path) as conn:
+        conn.execute(f"UPDATE jobs SET {column} = ? WHERE id = ?", (text, str(job.id)))
+    async with Store.connect(db_path, read_only=True) as store:
+        with pytest.raises(CorruptRowError, match=f"jobs.{column}") as caught:
+            await store.get_job(job.id)
+        assert caught.value.row_id == str(job.id)
+        with pytest.raises(CorruptRowError, match=f"jobs.{column}") as caught:
+            await store.list_jobs(run.id)
+        assert caught.value.row_id == str(job.id)
+        with pytest.raises(CorruptRowError, match=f"jobs.{column}"):
+            async for _ in store.iter_jobs(run.id, page_size=100):
+                pass
+        problems = await store.check()
+        assert [(p.table, p.row_id) for p in problems] == [("jobs", str(job.id))]
+        assert f"jobs.{column}" in problems[0].message
+
+
 async def test_recording_against_a_corrupt_run_changes_nothing(db_path: Path) -> None:
     """An outcome whose run cannot advance leaves the job undone: job and run move together."""
     run, (job,) = await stored_run(db_path, job_count=1)
