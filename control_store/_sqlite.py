@@ -705,57 +705,146 @@ def daemon_worker(conn: aiosqlite.Connection) -> None:
     thread.daemon = True
 
 
+class _Connection(aiosqlite.Connection):
+    """aiosqlite's connection without its finalizer, which is ours to do.
+
+    aiosqlite's ``__del__`` warns, nameless, and queues a stop that hands a result to an event
+    loop (none in a forked child: a DeprecationWarning on 3.13). Every connection of ours is
+    stopped by stop_worker instead: by SqliteBackend's finalizer, which names the database, or
+    by the connect that failed before any backend held it. Without this, a store dropped in a
+    reference cycle (an exception that skipped close()) warned twice, since the garbage
+    collector may finalize the connection before the store; and a forked child's copy, which
+    is not the child's to stop, warned on being dropped.
+    """
+
+    def __del__(self) -> None:
+        pass
+
+
+# Every sqlite3 connection a worker opened, until a stop closes it (_close_quietly). Held here
+# so that the garbage collector never finalizes one itself: a store, or a connect task, left
+# in a reference cycle (an exception that skipped close(), a loop closed without cancelling
+# its tasks) is collected with everything it holds, in any order, and on Python 3.13 a
+# connection finalized there warns of being left unclosed, nameless, before the store's own
+# finalizer has queued its close. And a forked child's copy is then never closed in the
+# child, which SQLite forbids as it forbids any use of a connection across fork().
+_OPEN: Final[set[sqlite3.Connection]] = set()
+
+
 class Opening(NamedTuple):
     """A connection whose file is being opened on its worker (see open_on_worker)."""
 
     conn: aiosqlite.Connection
-    opened: asyncio.Future[aiosqlite.Connection]  # ``conn``, once its file is open
+    opened: asyncio.Future[sqlite3.Connection]
+    made: list[sqlite3.Connection]  # what the open made, on the worker's side of the hand-over
 
 
-def open_on_worker(open_file: Callable[[], sqlite3.Connection]) -> Opening:
-    """Start a new connection's worker thread (a daemon) and open the file on it.
+def open_on_worker(open_file: Callable[[], sqlite3.Connection], database: str) -> Opening:
+    """Start a new connection's worker thread (a daemon) and open the file on it; await
+    ``opened`` for the sqlite3 connection, then make it the connection's own (take_opened).
 
-    The worker makes the sqlite3 connection the aiosqlite connection's own before it hands
-    the connection over, so a stop_worker queued behind the open closes it on the worker's
-    thread even if no one took it (its caller cancelled); and the hand-over survives a loop
-    that has closed meanwhile (see _deliver).
+    The worker keeps what it opened in ``made`` too, so that abandon_open, queued behind the
+    open, closes it on the worker's thread even if no one took it (its caller cancelled); and
+    the hand-over survives a loop that has closed meanwhile (see _deliver).
     """
-    conn = aiosqlite.Connection(open_file, iter_chunk_size=64)
+    conn = _Connection(open_file, iter_chunk_size=64)
     daemon_worker(conn)
-    conn._thread.start()
+    try:
+        conn._thread.start()
+    except RuntimeError as exc:  # "can't start new thread": out of memory or of threads
+        error = StorageError(
+            f"could not start the thread that runs {database}'s connection [{exc}]: this "
+            "process is out of memory or at its limit of threads; nothing was opened: free "
+            "memory or end some threads, then retry"
+        )
+        error.retryable = True
+        raise error from exc
+    made: list[sqlite3.Connection] = []
+
+    def open_it() -> sqlite3.Connection:
+        raw = open_file()
+        _OPEN.add(raw)
+        made.append(raw)
+        return raw
+
     loop = asyncio.get_running_loop()
-    opened: asyncio.Future[aiosqlite.Connection] = loop.create_future()
+    opened: asyncio.Future[sqlite3.Connection] = loop.create_future()
+    conn._tx.put_nowait((None, partial(_deliver, [loop, opened, open_it])))
+    return Opening(conn, opened, made)
 
-    def open_it() -> aiosqlite.Connection:
-        conn._connection = open_file()
-        return conn
 
-    conn._tx.put_nowait((None, partial(_deliver, loop, opened, open_it)))
-    return Opening(conn, opened)
+def take_opened(opening: Opening) -> aiosqlite.Connection:
+    """The connection, its file now open (``opened`` is done): on the loop's thread, which no
+    stop can race, since none is queued until a caller has the connection."""
+    opening.conn._connection = opening.opened.result()
+    return opening.conn
+
+
+def abandon_open(opening: Opening) -> None:
+    """End the worker of a connect that failed or was cancelled before it took the
+    connection, without waiting: queued behind the open (which may still be under way on a
+    slow disk), the worker closes what it made, on its own thread, and ends, handing nothing
+    to any event loop."""
+    opening.conn._running = False
+
+    def stop() -> object:
+        for raw in opening.made:
+            _close_quietly(raw)
+        return aiosqlite.core._STOP_RUNNING_SENTINEL
+
+    opening.conn._tx.put_nowait((None, stop))
+
+
+def _close_quietly(raw: sqlite3.Connection) -> None:
+    """Close a sqlite3 connection on its worker, for a stop: the stop must go on to end the
+    worker's loop (a function that raises does not), and no one is left to tell of a close
+    that failed (sqlite3_close_v2, which Python calls, defers rather than fails)."""
+    with contextlib.suppress(Exception):
+        raw.close()
+    _OPEN.discard(raw)
 
 
 def stop_worker(conn: aiosqlite.Connection) -> None:
     """End the worker of a connection nobody will use again, with no await and no loop: from a
-    finalizer, or from a connect that failed or was cancelled while its file was still opening.
+    finalizer, a shutdown, or a connect given up after it took the connection.
 
-    aiosqlite's own finalizer would stop it, but only after its ResourceWarning, which a test
-    suite run with warnings as errors turns into an exception that skips the stop: the thread
-    and the sqlite3 connection would live on. The queued function runs on the worker's own
-    thread after every function queued before it (an open still under way included), closes
-    the sqlite3 connection as it then stands, and ends the worker's loop; no result is handed
-    to any event loop, so a loop that closed meanwhile makes nothing fail on the thread. Until
-    then the connection is marked closed, so no call is queued behind the stop; and the queued
-    function holds ``conn``, so aiosqlite's finalizer only runs once the connection is closed.
+    The queued function closes the sqlite3 connection on the worker's own thread, after any
+    function still queued, then ends the worker's loop; it hands no result to any event loop,
+    so a loop that closed meanwhile makes nothing fail on the thread. The connection is marked
+    closed at once, so no call is queued behind the stop.
     """
+    raw = conn._connection
+    conn._connection = None
     conn._running = False
 
     def stop() -> object:
-        raw, conn._connection = conn._connection, None
         if raw is not None:
-            raw.close()
+            _close_quietly(raw)
         return aiosqlite.core._STOP_RUNNING_SENTINEL
 
     conn._tx.put_nowait((None, stop))
+
+
+def close_on_worker(conn: aiosqlite.Connection) -> asyncio.Future[None]:
+    """Close the sqlite3 connection on the worker's thread and end the worker; await the
+    returned future for the close. As aiosqlite's close() would, but its stop hands a result
+    to the loop through call_soon_threadsafe, which fails on the thread, with a traceback, if
+    the loop closed meanwhile (Ctrl-C during close): here that hand-over is dropped instead."""
+    raw = conn._connection
+    conn._connection = None
+    conn._running = False
+    loop = asyncio.get_running_loop()
+    closed: asyncio.Future[None] = loop.create_future()
+
+    def close_and_stop() -> object:
+        if raw is not None:
+            _close_quietly(raw)
+        with contextlib.suppress(RuntimeError):  # "Event loop is closed": nobody waits
+            loop.call_soon_threadsafe(_settle_result, closed, None)
+        return aiosqlite.core._STOP_RUNNING_SENTINEL
+
+    conn._tx.put_nowait((None, close_and_stop))
+    return closed
 
 
 async def _suspend() -> None:
@@ -774,21 +863,27 @@ def on_thread(conn: aiosqlite.Connection, fn: Callable[[], T]) -> asyncio.Future
         raise ValueError("Connection closed")
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
-    conn._tx.put_nowait((None, partial(_deliver, loop, future, fn)))  # no future: see _deliver
+    conn._tx.put_nowait((None, partial(_deliver, [loop, future, fn])))  # no future: _deliver
     return future
 
 
-def _deliver(
-    loop: asyncio.AbstractEventLoop, future: asyncio.Future[T], fn: Callable[[], T]
-) -> None:
-    """On the worker thread: run ``fn`` and hand its result, or its error, to ``future``.
+def _deliver(call: list[Any]) -> None:
+    """On the worker thread: run the call's function and hand its result, or its error, to
+    its future; ``call`` is ``[loop, future, fn]``.
 
     aiosqlite would hand them over itself, given the future; but if the loop closed meanwhile
     (asyncio.run ended with this call in flight), its call_soon_threadsafe raises on the worker
     thread and ends the thread, printing a traceback, and every later function put on the
     queue (the store's close when it is collected) would wait forever. No one can await a
     future of a closed loop, so here the outcome is dropped instead, and the thread goes on.
+
+    ``call`` is emptied first: aiosqlite's worker keeps its last function in a local while it
+    waits for the next, and the future would keep its caller's task alive through it. A loop
+    closed without cancelling its tasks (run_until_complete stopped by Ctrl-C, then close())
+    then left that task uncollected for good, so nothing ever stopped the worker it waits on.
     """
+    loop, future, fn = call
+    call.clear()
     try:
         result = fn()
     except BaseException as exc:  # handed to the caller, as aiosqlite does
@@ -2201,8 +2296,8 @@ class SqliteBackend:
                 await backend.read(backend.migrate_op())
             else:
                 await backend.note_unmigrated()
-        except BaseException:
-            await backend.close()
+        except BaseException as exc:
+            await backend.give_up(exc)
             raise
         return backend
 
@@ -2220,11 +2315,13 @@ class SqliteBackend:
         connection that had just opened for the garbage collector to find, and its stop
         would hand a result to a loop that may have closed by then, failing on the thread.)
         """
-        opening = open_on_worker(partial(sqlite3.connect, target, isolation_level=None, **kwargs))
+        opening = open_on_worker(
+            partial(sqlite3.connect, target, isolation_level=None, **kwargs), database
+        )
         try:
-            conn = await opening.opened
+            await opening.opened
         except BaseException as exc:
-            stop_worker(opening.conn)
+            abandon_open(opening)
             if opening.opened.done() and not opening.opened.cancelled():
                 # The open failed: its worker is past it and ends at once. (Cancelled, the
                 # worker ends by itself once the open in its hands is done: a hung disk must
@@ -2234,10 +2331,11 @@ class SqliteBackend:
                 error = translate(exc, database=database, busy_timeout=options.busy_timeout)
                 raise error from exc
             raise
+        conn = take_opened(opening)
         try:
             return cls(conn, database=database, options=options)
         except BaseException:
-            await conn.close()
+            stop_worker(conn)
             raise
 
     @classmethod
@@ -2256,10 +2354,24 @@ class SqliteBackend:
         backend = await cls._connect(read_only_uri(path), database, options, uri=True)
         try:
             await backend.read(partial(configure_read_only, path=path, options=options))
-        except BaseException:
-            await backend.close()
+        except BaseException as exc:
+            await backend.give_up(exc)
             raise
         return backend
+
+    async def give_up(self, exc: BaseException) -> None:
+        """Close a backend whose connect failed with ``exc``, before any caller had it. A
+        failure closes it in full. A cancellation (or Ctrl-C, or a coroutine closed
+        unfinished) must not wait: the statement still running on the worker may sit in
+        SQLite's busy handler for busy_timeout, waiting for another process's lock, or run a
+        long migration to its end; so the worker is told to close the connection after it,
+        and the connect raises at once. (Nothing can be awaited in a coroutine being closed.)
+        """
+        if isinstance(exc, Exception):
+            await self.close()
+        else:
+            self._closing = True
+            stop_worker(self._conn)
 
     def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
         # Collected without close(): stop the worker thread and say so, as asyncio does for an
@@ -2318,8 +2430,7 @@ class SqliteBackend:
                 except asyncio.CancelledError:
                     cancelled = True
             if not cancelled:
-                with contextlib.suppress(Exception):
-                    await self._conn.close()
+                await close_on_worker(self._conn)
         finally:
             if self._conn._running:  # cancelled (a shutdown), or closed unfinished
                 stop_worker(self._conn)

@@ -591,3 +591,86 @@ def test_a_connect_cancelled_by_a_loop_that_ends_before_the_open_leaves_nothing(
     assert not worker.is_alive()
     assert slow.closed()
     assert failures == []
+
+
+async def test_a_connect_cancelled_while_it_waits_for_another_process_lock_returns_at_once(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while its set-up waits in SQLite's busy handler for a lock another process
+    holds: connect raises CancelledError without waiting out busy_timeout (minutes, for a
+    store connected for big inserts), and the worker closes the connection once the wait
+    ends. (The connect used to close the store in full, which waited behind the set-up.)"""
+    async with Store.connect(db_path):
+        pass
+    waiting = threading.Event()
+    real_configure = _sqlite.configure
+
+    def configure(conn: sqlite3.Connection, **kwargs: Any) -> None:
+        waiting.set()
+        real_configure(conn, **kwargs)
+
+    monkeypatch.setattr(_sqlite, "configure", configure)
+    holder = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        before = set(threading.enumerate())
+        task = asyncio.ensure_future(Store.connect(db_path, busy_timeout=10 * CALL_TIMEOUT))
+        await asyncio.sleep(0)  # the task's first step starts the worker
+        (worker,) = _new_threads(before)
+        assert await asyncio.to_thread(waiting.wait, CALL_TIMEOUT)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, CALL_TIMEOUT)
+        assert worker.is_alive()  # still in the busy handler: the lock is still held
+    finally:
+        holder.close()
+    await asyncio.to_thread(worker.join, CALL_TIMEOUT)
+    assert not worker.is_alive()
+    other = sqlite3.connect(db_path, timeout=0)
+    try:  # no connection of this process holds the file any more
+        assert other.execute("PRAGMA journal_mode = DELETE").fetchone() == ("delete",)
+    finally:
+        other.close()
+
+
+def test_a_close_cut_short_by_its_loop_ending_leaves_no_traceback_on_the_worker(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while close() runs: asyncio.run cancels the close and closes the loop before the
+    worker has closed the connection. The worker closes it all the same and ends, and
+    nothing fails on its thread for want of the loop (aiosqlite's own close handed its
+    result to the loop from the thread: a traceback on stderr)."""
+    failures: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", failures.append)
+    hold = threading.Event()
+    loop = asyncio.new_event_loop()
+    try:
+        store = loop.run_until_complete(Store.connect(db_path))
+        backend = store._backend
+        assert backend is not None
+        worker = backend._conn._thread
+
+        async def hold_worker(on: _sqlite.SqliteBackend) -> None:
+            await on.read(lambda conn: hold.wait(CALL_TIMEOUT))
+
+        held = loop.create_task(hold_worker(backend))
+        closing = loop.create_task(store.close())
+        for _ in range(100):  # until the close is queued behind the held call
+            loop.run_until_complete(asyncio.sleep(0))
+            if not backend._conn._running:
+                break
+        # What asyncio.run does as it ends: cancel every task, let them finish, close.
+        for task in (held, closing):
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(held, closing, return_exceptions=True))
+    finally:
+        loop.close()
+    hold.set()
+    worker.join(CALL_TIMEOUT)
+    assert not worker.is_alive()
+    assert failures == []
+    other = sqlite3.connect(db_path, timeout=0)
+    try:  # the connection was closed
+        assert other.execute("PRAGMA journal_mode = DELETE").fetchone() == ("delete",)
+    finally:
+        other.close()

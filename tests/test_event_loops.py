@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sqlite3
 import threading
 import warnings
 from collections.abc import Awaitable, Callable, Iterator
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from control_store import Job, Run, Store, WrongEventLoopError
+from control_store import Job, Run, Store, WrongEventLoopError, _sqlite
 
 from conftest import CALL_TIMEOUT, make_jobs, make_run, one_call_of_each_kind
 
@@ -164,3 +165,86 @@ def test_a_loop_closed_with_a_call_in_flight_leaves_the_worker_thread_running(
     assert any("was never closed" in m for m in messages), messages
     thread.join(CALL_TIMEOUT)
     assert not thread.is_alive()
+
+
+def _collect_until(done: Callable[[], bool]) -> bool:
+    """Collect garbage until ``done()``, for at most CALL_TIMEOUT seconds: a task abandoned in
+    a reference cycle is found by the collector, then its coroutine closes, then the worker
+    it waited on ends, each step on its own schedule."""
+    for _ in range(int(CALL_TIMEOUT / 0.05)):
+        gc.collect()
+        if done():
+            return True
+        threading.Event().wait(0.05)
+    return False
+
+
+def test_a_call_left_pending_by_a_loop_closed_without_cancelling_it_lets_its_worker_end(
+    tmp_path: Path,
+) -> None:
+    """A loop run by hand (run_until_complete, stopped by Ctrl-C, then close()) ends without
+    cancelling its tasks, one of them a connect still waiting for its worker. Once the
+    abandoned task is collected, the worker closes the connection and ends: the file is not
+    held for the rest of the process. (The worker kept the call's future in a local while it
+    waited for the next call, which kept the task alive for good.)"""
+    path = tmp_path / "control.db"
+    before = set(threading.enumerate())
+    loop = asyncio.new_event_loop()
+    try:
+        task = loop.create_task(Store.connect(path))
+        loop.run_until_complete(asyncio.sleep(0))  # the task's first step queues the open
+        (worker,) = [t for t in threading.enumerate() if t not in before]
+        # The open ends on the worker, and its result waits for a loop pass that never comes.
+        assert not task.done()
+    finally:
+        loop.close()
+    del task, loop
+    assert _collect_until(lambda: not worker.is_alive())
+    other = sqlite3.connect(path, timeout=0)
+    try:  # no connection of this process holds the file any more
+        assert other.execute("PRAGMA journal_mode = DELETE").fetchone() == ("delete",)
+    finally:
+        other.close()
+
+
+def test_a_store_whose_loop_closed_without_cancelling_its_call_warns_when_dropped(
+    tmp_path: Path,
+) -> None:
+    """The same, with a connected store whose write was in flight: the write commits, and
+    once the abandoned task (which held the store) is collected, the store is dropped
+    unclosed: it warns, naming its database, and its worker ends."""
+    path = tmp_path / "control.db"
+    run = make_run()
+    loop = asyncio.new_event_loop()
+    try:
+        store = loop.run_until_complete(Store.connect(path))
+        backend = store._backend
+        assert backend is not None
+        worker = backend._conn._thread
+        hold = threading.Event()
+        # Hold the worker, so that the write is still queued when the loop closes.
+
+        async def hold_worker(on: _sqlite.SqliteBackend) -> None:
+            await on.read(lambda conn: hold.wait(CALL_TIMEOUT))
+
+        held = loop.create_task(hold_worker(backend))
+        task = loop.create_task(store.insert_run(run))
+        loop.run_until_complete(asyncio.sleep(0))
+        assert not task.done()
+    finally:
+        loop.close()
+    hold.set()
+    del store, backend, task, held, loop
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert _collect_until(lambda: not worker.is_alive())
+    ours = [str(w.message) for w in seen if w.category is ResourceWarning]
+    del seen
+    assert len(ours) == 1, ours
+    assert "was never closed" in ours[0]
+    assert str(path) in ours[0]
+    other = sqlite3.connect(path)
+    try:  # the write went on to commit before the worker ended
+        assert other.execute("SELECT id FROM runs").fetchall() == [(str(run.id),)]
+    finally:
+        other.close()

@@ -107,3 +107,32 @@ async def test_daemon_worker_refuses_a_started_worker() -> None:
             _sqlite.daemon_worker(conn)
     finally:
         await conn.close()
+
+
+async def test_a_store_dropped_in_a_reference_cycle_warns_once(tmp_path: Path) -> None:
+    """An exception that skipped close() leaves the store reachable only through a cycle (the
+    traceback's frames). The garbage collector finalizes everything in it in any order: the
+    one warning is still ours, naming the database, never aiosqlite's nameless one too."""
+    db = str(tmp_path / "dropped.db")
+
+    async def use_and_fail() -> None:
+        store = await Store.connect(db)
+        await store.insert_run(make_run())
+        raise ValueError("the caller's own bug, before close()")
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        try:
+            await use_and_fail()
+        except ValueError as exc:
+            cycle: list[object] = [exc, exc.__traceback__]
+            cycle.append(cycle)
+        del cycle
+        gc.collect()
+    every = [(w.category.__name__, str(w.message)) for w in seen]
+    del seen
+    gc.collect()
+    assert [m for c, m in every if c == "ResourceWarning"] == [
+        f"the store for database {db!r} was never closed; close it with "
+        "'async with Store.connect(...) as store' or 'await store.close()'"
+    ], every
