@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import os
@@ -144,12 +145,15 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
     ``await`` opens a store of its own.
     """
 
-    __slots__ = ("_options", "_running", "_store", "_url")
+    __slots__ = ("_entered", "_options", "_running", "_url")
 
     def __init__(self, url: str | os.PathLike[str], options: dict[str, Any]) -> None:
         self._url = url
         self._options = options
-        self._store: Store | None = None
+        # The stores opened by ``async with`` and not yet closed, per task, innermost last:
+        # one Store.connect(...) may be entered by several tasks at once, or nested in one,
+        # and each exit closes the store its own enter opened.
+        self._entered: dict[asyncio.Task[Any] | None, list[Store]] = {}
         # The coroutine a task steps through send()/throw(); made at its first step, so a
         # Store.connect(...) never awaited or run leaves no "never awaited" warning behind.
         self._running: Coroutine[Any, Any, Store] | None = None
@@ -178,8 +182,9 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
             self._running.close()
 
     async def __aenter__(self) -> Store:
-        self._store = await self._open()
-        return self._store
+        store = await self._open()
+        self._entered.setdefault(asyncio.current_task(), []).append(store)
+        return store
 
     async def __aexit__(
         self,
@@ -187,8 +192,13 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._store is not None:
-            await self._store.close()
+        task = asyncio.current_task()
+        stores = self._entered.get(task)
+        if stores:
+            store = stores.pop()
+            if not stores:
+                del self._entered[task]
+            await store.close()
 
 
 class Store:

@@ -18,6 +18,7 @@ from control_store import (
     DatabaseBusyError,
     EvalJob,
     Job,
+    StorageError,
     Store,
     _sqlite,
 )
@@ -97,6 +98,59 @@ async def test_connect_is_awaitable_and_store_closes_with_async_with(tmp_path: P
     async with store:
         assert not store.closed
     assert store.closed
+
+
+def _closed(store: Store) -> bool:
+    return store.closed
+
+
+async def test_one_connect_entered_by_two_tasks_and_nested_closes_each_store(
+    tmp_path: Path,
+) -> None:
+    """One ``Store.connect(...)`` entered with ``async with`` by two tasks at once, and twice
+    nested in one task: each block gets a store of its own, and each exit closes the store
+    its own enter opened, whatever order the blocks end in."""
+    connecting = Store.connect(tmp_path / "a.db")
+    seen: dict[str, Store] = {}
+    both_in = asyncio.Barrier(2)
+    first_left = asyncio.Event()
+
+    async def block(name: str, leave_first: bool) -> None:
+        async with connecting as store:
+            seen[name] = store
+            await both_in.wait()
+            if not leave_first:
+                await first_left.wait()  # the other block ends while this one is open
+            assert not store.closed
+        assert _closed(store)  # a call: mypy would take `closed` to be False still
+        first_left.set()
+
+    await asyncio.gather(block("a", leave_first=False), block("b", leave_first=True))
+    assert seen["a"] is not seen["b"]
+    async with connecting as outer:
+        async with connecting as inner:
+            assert inner is not outer
+        assert inner.closed
+        assert not outer.closed
+    assert outer.closed
+
+
+async def test_a_thread_that_cannot_start_is_a_retryable_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process out of memory or of threads cannot start the store's worker: connect raises
+    a retryable StorageError that says so, not Python's bare RuntimeError."""
+
+    def cannot_start(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", cannot_start)
+    with pytest.raises(StorageError, match="could not start the thread") as caught:
+        await Store.connect(tmp_path / "a.db")
+    assert caught.value.retryable
+    assert "free memory or end some threads, then retry" in str(caught.value)
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    assert not (tmp_path / "a.db").exists()
 
 
 @pytest.mark.parametrize(
