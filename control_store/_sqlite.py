@@ -1322,18 +1322,50 @@ def _replayable(items: Iterable[Any]) -> bool:
 def insert_jobs_op(jobs: Iterable[Job]) -> Op[int]:
     """The op inserting ``jobs``: a RunsOnce unless they can be read again (_replayable)."""
     op = partial(op_insert_jobs, jobs)
-    return op if _replayable(jobs) else RunsOnce(op)
+    return op if _replayable(jobs) else RunsOnce(op, type(jobs).__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RunsOnce:
     """An op that cannot run a second time: its first run consumed what it reads (the caller's
-    generator of jobs). A group never runs it again (see _Worker.apart)."""
+    generator of jobs). A group never runs it again (see _Worker.apart).
+
+    ``started`` is set as it starts: from then on the caller's iterable is consumed (at least
+    its first item taken: executemany pulls one before anything can fail), so an error must say
+    so (see told), or a caller retrying the same call with the same generator would insert only
+    what is left of it, or nothing, and succeed.
+    """
 
     op: Op[int]
+    kind: str  # the type of the caller's iterable, as the error names it
+    started: bool = False
 
     def __call__(self, conn: sqlite3.Connection) -> int:
+        self.started = True
         return self.op(conn)
+
+    def told(self, error: BaseException) -> BaseException:
+        """``error`` as its caller gets it: once the op started, a ControlError of its own (a
+        copy: a group may hand one instance to several callers) that ends by saying the
+        iterable was consumed and how to retry; else ``error`` itself (a lock that was never
+        taken, say, leaves the iterable as it was, and retrying with it is right)."""
+        if not self.started or not isinstance(error, ControlError):
+            return error  # the caller's own exception (RaisedByCaller's) is theirs to read
+        told = copy.copy(error)
+        told.args = (f"{error}{_CONSUMED.format(kind=self.kind)}",)
+        told.__cause__ = error.__cause__
+        return told
+
+
+# The end of an insert_jobs error once the one-shot iterable it was given has been consumed:
+# whatever the error says to do, retrying with that same iterable would insert only what is
+# left of it (nothing, for a generator run to its end) and succeed, leaving the run short of
+# jobs, which nothing reports (a run's jobs may legitimately come in later calls).
+_CONSUMED: Final = (
+    ". The jobs came as a one-shot iterable ({kind}), and this failed attempt consumed it: a "
+    "retry must pass a new iterable of the same jobs (make the generator again, or pass a "
+    "list), not this one, which would insert only the jobs it has left, or none"
+)
 
 
 def guarded(items: Iterable[T]) -> Iterable[T]:
@@ -2507,7 +2539,11 @@ class SqliteBackend:
             raise cancelled
         if ok:
             return cast(T, value)
-        raise value.raised if isinstance(value, RaisedByCaller) else value
+        if isinstance(value, RaisedByCaller):
+            raise value.raised
+        if isinstance(op, RunsOnce):  # every path that fails it ends here: say what it consumed
+            raise op.told(value)
+        raise value
 
     async def _give_back_or_warn(self, back: GiveBack | None) -> None:
         """Run a cancelled claim's give-back. If that fails (another process holding the write
