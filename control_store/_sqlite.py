@@ -2393,10 +2393,24 @@ class SqliteBackend:
         except MigrationError:
             pass  # edited, unknown or failed migrations: migrate() explains them
 
-    def refuse_unmigrated(self) -> None:
-        """Raise the PendingMigrationError noted at connect, afresh, until migrate() ran."""
-        if self.unmigrated is not None:
-            raise copy.copy(self.unmigrated)
+    async def refuse_unmigrated(self) -> None:
+        """For a call on a store whose schema was behind (``unmigrated``): read the schema's
+        state again, and raise the PendingMigrationError that describes the file as it is now;
+        or, if another process has migrated it since, return (the call proceeds) and stop
+        refusing. Only this refusing path pays the read: a store whose schema was current
+        never comes here.
+
+        Not the error noted at connect: the file may have moved on since (another process
+        migrating it, wholly or in part), and that error would describe it as it no longer is.
+        An edited, unknown or failed migration found now is raised as it is (the call cannot
+        proceed on it either), and the next call reads the state again.
+        """
+        try:
+            await self.read(partial(check_schema, database=self._database, read_only=False))
+        except PendingMigrationError as exc:
+            self.unmigrated = exc
+            raise
+        self.unmigrated = None
 
     def interrupt(self) -> None:
         """Make the statement running on the connection fail now with SQLITE_INTERRUPT (its
