@@ -2569,10 +2569,14 @@ class SqliteBackend:
         try:
             await _wait_out(self._give_back(back))
         except ControlError as exc:
+            # What failed, not the error's own advice ("retry the call", "a larger
+            # busy_timeout"): the call was cancelled, nothing retries it, and only the UPDATE
+            # below puts the runs back.
             warnings.warn(
-                f"a claim was cancelled after it committed, and giving its runs back failed: "
-                f"{exc}; runs {', '.join(back.ids)} stay 'running' with no scheduler working "
-                f"on them: once the cause is fixed, queue them again with: {back.repair()}",
+                f"a claim was cancelled after it committed, and giving its runs back failed "
+                f"({_what_failed(exc, busy_timeout=self._worker.busy_timeout)}); runs "
+                f"{', '.join(back.ids)} stay 'running' with no scheduler working on them: once "
+                f"{self._database} takes writes again, queue them again with: {back.repair()}",
                 RuntimeWarning,
                 stacklevel=1,
             )
@@ -2733,6 +2737,27 @@ class SqliteBackend:
 
 def _nothing() -> None:
     return None
+
+
+def _what_failed(error: ControlError, *, busy_timeout: float) -> str:
+    """What went wrong in ``error``, without the advice its message gives a caller: for a
+    warning whose reader has no call to retry (a cancelled claim's failed give-back)."""
+    cause = error.__cause__
+    detail = ""
+    if isinstance(cause, sqlite3.Error):
+        name = getattr(cause, "sqlite_errorname", None) or type(cause).__name__
+        detail = f" [{cause} ({name})]"
+    if isinstance(error, DatabaseBusyError):
+        what = f"another connection held the write lock past busy_timeout={busy_timeout:g}s"
+    elif isinstance(error, StorageError) and cause is None:  # see refuse_replaced_file
+        what = "the database file was deleted, moved or replaced while the store had it open"
+    elif isinstance(error, StorageError):
+        what = "the file system refused the write"
+    elif isinstance(error, StoreClosedError):
+        what = "the store's connection closed"
+    else:
+        what = "the write failed"
+    return f"{type(error).__name__}: {what}{detail}"
 
 
 # A write's op, in a one-element list: the worker pops it to start the op, a cancelled caller
