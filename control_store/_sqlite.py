@@ -2930,7 +2930,8 @@ class _Worker:
         without the one that did (a disk filled by one big insert_jobs): each runs again, alone,
         in a transaction of its own, so that any that still fails fails alone, with its own
         error. Not an op that cannot run twice (a RunsOnce whose first run consumed its jobs'
-        generator): it gets the error, its own instance, translated afresh.
+        generator): it gets the error, its own instance, translated afresh (and write() says that
+        the generator was consumed: see RunsOnce.told).
         """
         results: list[tuple[bool, Any]] = []
         for index, op in enumerate(ops):

@@ -342,7 +342,10 @@ class Store:
         """Store jobs in one transaction: all of them, or none on any error.
 
         Any iterable works, a generator included; it is consumed on the store's worker thread,
-        in bounded memory, so it must not touch the event loop.
+        in bounded memory, so it must not touch the event loop. A call that fails after it
+        began reading a one-shot iterable (anything but a list or tuple) says so in its error,
+        whatever its class: a retry must pass a new iterable of the same jobs, since the
+        consumed one would insert only what it has left.
         """
         backend = self._writable("insert_jobs")
         if backend.unmigrated is not None:
