@@ -1417,18 +1417,50 @@ def _replayable(items: Iterable[Any]) -> bool:
 def insert_jobs_op(jobs: Iterable[Job]) -> Op[int]:
     """The op inserting ``jobs``: a RunsOnce unless they can be read again (_replayable)."""
     op = partial(op_insert_jobs, jobs)
-    return op if _replayable(jobs) else RunsOnce(op)
+    return op if _replayable(jobs) else RunsOnce(op, type(jobs).__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RunsOnce:
     """An op that cannot run a second time: its first run consumed what it reads (the caller's
-    generator of jobs). A group never runs it again (see _Worker.apart)."""
+    generator of jobs). A group never runs it again (see _Worker.apart).
+
+    ``started`` is set as it starts: from then on the caller's iterable is consumed (at least
+    its first item taken: executemany pulls one before anything can fail), so an error must say
+    so (see told), or a caller retrying the same call with the same generator would insert only
+    what is left of it, or nothing, and succeed.
+    """
 
     op: Op[int]
+    kind: str  # the type of the caller's iterable, as the error names it
+    started: bool = False
 
     def __call__(self, conn: sqlite3.Connection) -> int:
+        self.started = True
         return self.op(conn)
+
+    def told(self, error: BaseException) -> BaseException:
+        """``error`` as its caller gets it: once the op started, a ControlError of its own (a
+        copy: a group may hand one instance to several callers) that ends by saying the
+        iterable was consumed and how to retry; else ``error`` itself (a lock that was never
+        taken, say, leaves the iterable as it was, and retrying with it is right)."""
+        if not self.started or not isinstance(error, ControlError):
+            return error  # the caller's own exception (RaisedByCaller's) is theirs to read
+        told = copy.copy(error)
+        told.args = (f"{error}{_CONSUMED.format(kind=self.kind)}",)
+        told.__cause__ = error.__cause__
+        return told
+
+
+# The end of an insert_jobs error once the one-shot iterable it was given has been consumed:
+# whatever the error says to do, retrying with that same iterable would insert only what is
+# left of it (nothing, for a generator run to its end) and succeed, leaving the run short of
+# jobs, which nothing reports (a run's jobs may legitimately come in later calls).
+_CONSUMED: Final = (
+    ". The jobs came as a one-shot iterable ({kind}), and this failed attempt consumed it: a "
+    "retry must pass a new iterable of the same jobs (make the generator again, or pass a "
+    "list), not this one, which would insert only the jobs it has left, or none"
+)
 
 
 def guarded(items: Iterable[T]) -> Iterable[T]:
@@ -2472,10 +2504,24 @@ class SqliteBackend:
         except MigrationError:
             pass  # edited, unknown or failed migrations: migrate() explains them
 
-    def refuse_unmigrated(self) -> None:
-        """Raise the PendingMigrationError noted at connect, afresh, until migrate() ran."""
-        if self.unmigrated is not None:
-            raise copy.copy(self.unmigrated)
+    async def refuse_unmigrated(self) -> None:
+        """For a call on a store whose schema was behind (``unmigrated``): read the schema's
+        state again, and raise the PendingMigrationError that describes the file as it is now;
+        or, if another process has migrated it since, return (the call proceeds) and stop
+        refusing. Only this refusing path pays the read: a store whose schema was current
+        never comes here.
+
+        Not the error noted at connect: the file may have moved on since (another process
+        migrating it, wholly or in part), and that error would describe it as it no longer is.
+        An edited, unknown or failed migration found now is raised as it is (the call cannot
+        proceed on it either), and the next call reads the state again.
+        """
+        try:
+            await self.read(partial(check_schema, database=self._database, read_only=False))
+        except PendingMigrationError as exc:
+            self.unmigrated = exc
+            raise
+        self.unmigrated = None
 
     def interrupt(self) -> None:
         """Make the statement running on the connection fail now with SQLITE_INTERRUPT (its
@@ -2618,7 +2664,11 @@ class SqliteBackend:
             raise cancelled
         if ok:
             return cast(T, value)
-        raise value.raised if isinstance(value, RaisedByCaller) else value
+        if isinstance(value, RaisedByCaller):
+            raise value.raised
+        if isinstance(op, RunsOnce):  # every path that fails it ends here: say what it consumed
+            raise op.told(value)
+        raise value
 
     async def _give_back_or_warn(self, back: GiveBack | None) -> None:
         """Run a cancelled claim's give-back. If that fails (another process holding the write
@@ -2630,10 +2680,14 @@ class SqliteBackend:
         try:
             await _wait_out(self._give_back(back))
         except ControlError as exc:
+            # What failed, not the error's own advice ("retry the call", "a larger
+            # busy_timeout"): the call was cancelled, nothing retries it, and only the UPDATE
+            # below puts the runs back.
             warnings.warn(
-                f"a claim was cancelled after it committed, and giving its runs back failed: "
-                f"{exc}; runs {', '.join(back.ids)} stay 'running' with no scheduler working "
-                f"on them: once the cause is fixed, queue them again with: {back.repair()}",
+                f"a claim was cancelled after it committed, and giving its runs back failed "
+                f"({_what_failed(exc, busy_timeout=self._worker.busy_timeout)}); runs "
+                f"{', '.join(back.ids)} stay 'running' with no scheduler working on them: once "
+                f"{self._database} takes writes again, queue them again with: {back.repair()}",
                 RuntimeWarning,
                 stacklevel=1,
             )
@@ -2794,6 +2848,27 @@ class SqliteBackend:
 
 def _nothing() -> None:
     return None
+
+
+def _what_failed(error: ControlError, *, busy_timeout: float) -> str:
+    """What went wrong in ``error``, without the advice its message gives a caller: for a
+    warning whose reader has no call to retry (a cancelled claim's failed give-back)."""
+    cause = error.__cause__
+    detail = ""
+    if isinstance(cause, sqlite3.Error):
+        name = getattr(cause, "sqlite_errorname", None) or type(cause).__name__
+        detail = f" [{cause} ({name})]"
+    if isinstance(error, DatabaseBusyError):
+        what = f"another connection held the write lock past busy_timeout={busy_timeout:g}s"
+    elif isinstance(error, StorageError) and cause is None:  # see refuse_replaced_file
+        what = "the database file was deleted, moved or replaced while the store had it open"
+    elif isinstance(error, StorageError):
+        what = "the file system refused the write"
+    elif isinstance(error, StoreClosedError):
+        what = "the store's connection closed"
+    else:
+        what = "the write failed"
+    return f"{type(error).__name__}: {what}{detail}"
 
 
 # A write's op, in a one-element list: the worker pops it to start the op, a cancelled caller
@@ -2966,7 +3041,8 @@ class _Worker:
         without the one that did (a disk filled by one big insert_jobs): each runs again, alone,
         in a transaction of its own, so that any that still fails fails alone, with its own
         error. Not an op that cannot run twice (a RunsOnce whose first run consumed its jobs'
-        generator): it gets the error, its own instance, translated afresh.
+        generator): it gets the error, its own instance, translated afresh (and write() says that
+        the generator was consumed: see RunsOnce.told).
         """
         results: list[tuple[bool, Any]] = []
         for index, op in enumerate(ops):

@@ -123,6 +123,8 @@ class _JobWalk:
             return job
         while not self._finished:
             backend = self._store._open()
+            if backend.unmigrated is not None:
+                await backend.refuse_unmigrated()
             op = partial(_sqlite.op_job_page, self._key, self._after, self._page_size)
             # The state moves only once the page is in hand: a read that fails or is cancelled
             # leaves the walk where it was, and iterating again reads the same page again.
@@ -233,7 +235,9 @@ class Store:
         5), ``synchronous`` (``"FULL"``, the default, survives power loss; ``"NORMAL"``
         survives a process crash), ``migrate`` (apply pending migrations at connect, default
         True; False leaves them to ``store.migrate()``, and calls raise
-        ``PendingMigrationError`` until then), ``read_only`` (default False; see below).
+        ``PendingMigrationError`` until then, or until another process has migrated the file:
+        each refused call reads the schema's state again), ``read_only`` (default False; see
+        below).
 
         ``read_only=True`` opens an existing file for reading only, through SQLite's
         ``mode=ro``: it never creates the file (a missing one is a ``ConfigurationError``),
@@ -298,12 +302,15 @@ class Store:
             backend.interrupt()
 
     def _open(self) -> _sqlite.SqliteBackend:
-        """The backend, for a call that needs this library's schema: refused on a closed store,
-        and on one opened with migrate=False until migrate() brought the schema up to date."""
-        backend = self._connected()
-        if backend.unmigrated is not None:
-            backend.refuse_unmigrated()
-        return backend
+        """The backend, for a call that needs this library's schema: refused on a closed store.
+
+        On a store opened with migrate=False whose schema was behind (``backend.unmigrated``),
+        the call must then ``await backend.refuse_unmigrated()``, which reads the schema's
+        state again (another process may have migrated the file since): that takes a read, so
+        it cannot be done here, and every async call does it right after this one. Only the
+        attribute test is paid on a store whose schema is current.
+        """
+        return self._connected()
 
     def _connected(self) -> _sqlite.SqliteBackend:
         """The backend, whatever its schema: for migrate() and migration_status()."""
@@ -328,12 +335,16 @@ class Store:
     async def insert_run(self, run: Run) -> None:
         """Store a new run. A run with the same id is refused (``AlreadyExistsError``)."""
         backend = self._writable("insert_run")
+        if backend.unmigrated is not None:
+            await backend.refuse_unmigrated()
         params = _codec.run_params(run)
         await backend.write(partial(_sqlite.op_insert_run, params), small=True)
 
     async def get_run(self, run_id: uuid.UUID) -> Run | None:
         """The run with this id, or None."""
         backend = self._open()
+        if backend.unmigrated is not None:
+            await backend.refuse_unmigrated()
         key = _id(run_id, what="run_id")
         return await backend.read(partial(_sqlite.op_get_run, key), small=True)
 
@@ -341,21 +352,30 @@ class Store:
         """Store jobs in one transaction: all of them, or none on any error.
 
         Any iterable works, a generator included; it is consumed on the store's worker thread,
-        in bounded memory, so it must not touch the event loop.
+        in bounded memory, so it must not touch the event loop. A call that fails after it
+        began reading a one-shot iterable (anything but a list or tuple) says so in its error,
+        whatever its class: a retry must pass a new iterable of the same jobs, since the
+        consumed one would insert only what it has left.
         """
         backend = self._writable("insert_jobs")
+        if backend.unmigrated is not None:
+            await backend.refuse_unmigrated()
         _check_batch(jobs, what="jobs", item=Job, single="wrap a single job in a list")
         await backend.write(_sqlite.insert_jobs_op(jobs))
 
     async def get_job(self, job_id: uuid.UUID) -> Job | None:
         """The job with this id, or None."""
         backend = self._open()
+        if backend.unmigrated is not None:
+            await backend.refuse_unmigrated()
         key = _id(job_id, what="job_id")
         return await backend.read(partial(_sqlite.op_get_job, key), small=True)
 
     async def list_jobs(self, run_id: uuid.UUID) -> list[Job]:
         """The jobs of a run, in the order they were inserted (empty if there are none)."""
         backend = self._open()
+        if backend.unmigrated is not None:
+            await backend.refuse_unmigrated()
         key = _id(run_id, what="run_id")
         return await backend.read(lambda conn: _sqlite.op_list_jobs(key, conn))
 
@@ -379,6 +399,9 @@ class Store:
         naming it when the walk reaches its page; an error leaves the walk where it was.
         ``page_size`` is checked here, when the walk is created (``InvalidInputError``). A
         walk is for one task: tasks sharing one may read the same page twice; start one each.
+        On a store opened with ``migrate=False`` whose schema is behind, the first page
+        raises ``PendingMigrationError`` (each page reads the schema's state afresh until it is
+        current, as every call does).
         """
         self._open()
         key = _id(run_id, what="run_id")
@@ -396,6 +419,8 @@ class Store:
         No two claimers, in this process or any other on the same database, get the same run.
         """
         backend = self._writable("claim_next_run")
+        if backend.unmigrated is not None:
+            await backend.refuse_unmigrated()
         return await backend.write(
             _sqlite.op_claim_next_run, small=True, undo=_sqlite.release_claimed
         )
@@ -409,6 +434,8 @@ class Store:
         (``WrongRunError``) changes nothing.
         """
         backend = self._writable("record_job_outcome")
+        if backend.unmigrated is not None:
+            await backend.refuse_unmigrated()
         run_key = _id(run_id, what="run_id")
         job_key, payload = _codec.outcome_params(outcome)
         op = partial(_sqlite.op_record_outcome, run_key, job_key, payload)
@@ -421,6 +448,8 @@ class Store:
         two claimers' batches. Returns fewer than ``limit`` runs (or []) when fewer are queued.
         """
         backend = self._writable("claim_runs")
+        if backend.unmigrated is not None:
+            await backend.refuse_unmigrated()
         count = _int_from(limit, 1, _INT64_MAX)
         if count is None:
             raise InvalidInputError(
@@ -442,6 +471,8 @@ class Store:
         stored (``InvalidInputError``), records none of the batch.
         """
         backend = self._writable("record_job_outcomes")
+        if backend.unmigrated is not None:
+            await backend.refuse_unmigrated()
         run_key = _id(run_id, what="run_id")
         _check_batch(
             outcomes,
@@ -472,6 +503,8 @@ class Store:
     ) -> list[Run]:
         """Runs, newest first; only those with ``status`` if given, at most ``limit``."""
         backend = self._open()
+        if backend.unmigrated is not None:
+            await backend.refuse_unmigrated()
         if status is not None:
             status = _codec.run_status(status, what="status", also=", or None for every run")
         most = -1 if limit is None else _int_from(limit, 0, _INT64_MAX)  # -1: SQLite's no limit
@@ -513,6 +546,8 @@ class Store:
         (unreadable or to rewrite) and copies to delete last.
         """
         backend = self._open()
+        if backend.unmigrated is not None:
+            await backend.refuse_unmigrated()
         return await backend.read(_sqlite.op_check)
 
     async def migrate(self) -> list[int]:

@@ -158,9 +158,10 @@ class PendingMigrationError(MigrationError):
     Reading or writing an older schema with newer code could misread it, so: a store opened
     with ``read_only=True``, which never migrates, refuses at connect; a store opened with
     ``migrate=False`` connects, but refuses every call that needs the schema until
-    ``await store.migrate()`` applied them. ``found`` is the newest migration applied (0:
-    none), ``needed`` the newest one this library has, ``pending`` the (version, description)
-    of each one not applied.
+    ``await store.migrate()`` applied them (or another process did: each refusal reads the
+    schema's state again, and describes the file as it is then). ``found`` is the newest
+    migration applied (0: none), ``needed`` the newest one this library has, ``pending`` the
+    (version, description) of each one not applied.
     """
 
     def __init__(

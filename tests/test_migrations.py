@@ -369,3 +369,43 @@ async def test_migrate_false_refuses_calls_until_migrated(
         await store.insert_jobs(make_jobs(run))
         assert await store.get_run(run.id) == run
         assert await store.check() == []
+
+
+async def test_a_refused_call_reads_the_schema_again_once_another_store_migrated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """migrate=False on an empty file that other connections then migrate: each refusal
+    describes the file as it is now (at migration 1, not "empty"), and once it is current the
+    call proceeds and the store stops reading the schema before its calls."""
+    url = tmp_path / "db.db"
+    run = make_run(job_count=1)
+    async with Store.connect(url, migrate=False) as store:
+        with pytest.raises(PendingMigrationError, match=r"\(it is empty\)") as caught:
+            await store.insert_run(run)
+        assert caught.value.found == 0
+        monkeypatch.setattr(
+            _migrate, "load_migrations", lambda b, d=None: load_migrations(b, d)[:1]
+        )
+        async with Store.connect(url):  # another release, one migration behind this one
+            pass
+        monkeypatch.undo()
+        first = SHIPPED[0]
+        for call in (store.insert_run(run), store.get_run(run.id), anext(store.iter_jobs(run.id))):
+            with pytest.raises(PendingMigrationError) as caught:
+                await call
+            assert f"is at migration {first[0]} ({first[1]})" in str(caught.value)
+            assert "empty" not in str(caught.value)
+            assert (caught.value.found, caught.value.pending) == (first[0], tuple(SHIPPED[1:]))
+        async with Store.connect(url):  # this release: the file is current
+            pass
+        await store.insert_run(run)
+        await store.insert_jobs(make_jobs(run))
+        backend = store._backend
+        assert backend is not None
+        trace: list[str] = []
+        await backend.read(lambda conn: conn.set_trace_callback(trace.append))
+        assert await store.get_run(run.id) == run
+        assert len(trace) == 1  # the run's SELECT alone: no schema read before it
+        await backend.read(lambda conn: conn.set_trace_callback(None))
+        assert await store.migrate() == []
+        assert await store.check() == []
