@@ -484,7 +484,8 @@ class _Tally:
     Gives what ``_Scores`` of the whole list gave, bit for bit: the mean is the exact sum,
     rounded once, divided by the count, as ``math.fsum(scores) / len(scores)`` is (fsum is
     correctly rounded, and so is int / int); min and max keep the first of equal values, as
-    the builtins do (which decides the sign shown for a 0.0 beside a -0.0).
+    the builtins do (which decides the sign shown for a 0.0 beside a -0.0). Where the sum is
+    past the largest float, which fsum refuses, the mean is the exact mean, rounded once.
     """
 
     __slots__ = ("done", "errors", "max", "min", "scored", "sum")
@@ -514,9 +515,16 @@ class _Tally:
     def scores(self) -> _Scores:
         mean = None
         if self.scored:
-            # int / int rounds once, correctly, as fsum does; both raise OverflowError for a
-            # sum beyond the largest float.
-            mean = (self.sum / (1 << _EXACT_SCALE_BITS)) / self.scored
+            try:
+                # int / int rounds once, correctly, as fsum does: the float of the sum, then
+                # divided by the count, as fsum(scores) / len(scores) is.
+                mean = (self.sum / (1 << _EXACT_SCALE_BITS)) / self.scored
+            except OverflowError:
+                # The sum is past the largest float (two scores of 1.7e308), where fsum raises
+                # too; but the mean of finite scores lies between the smallest and the largest
+                # of them, so it is a finite float: the exact sum divided by the count times the
+                # scale, in one int / int, rounded once.
+                mean = self.sum / (self.scored << _EXACT_SCALE_BITS)
         return _Scores(self.done, self.scored, self.errors, mean, self.min, self.max)
 
 

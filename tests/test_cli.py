@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import io
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -20,10 +21,13 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from pathlib import Path
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from control_store import ControlError, JobOutcome, Run, RunStatus, Store, cli
 from control_store import _demo as demo
@@ -260,6 +264,76 @@ def test_control_characters_in_stored_text_are_escaped_for_people(
         assert not any(ch in text for ch in "\x1b\r\x07\x9b\x7f")
     code, out, err = run_cli(capsys, "runs", "--json", "--url", str(db_path))
     assert json.loads(out)[0]["manifest"] == HOSTILE
+
+
+def test_show_gives_the_mean_of_scores_whose_sum_is_past_the_largest_float(
+    capsys: pytest.CaptureFixture[str], db_path: Path
+) -> None:
+    """show of a run whose finite scores sum past the largest float gives their finite mean,
+    in text and in JSON, instead of failing with a traceback."""
+    run = Run("huge.yaml", ["m"], 1, 2)
+
+    async def populate() -> None:
+        async with Store.connect(db_path) as store:
+            await store.insert_run(run)
+            jobs = make_jobs(run)
+            await store.insert_jobs(jobs)
+            await store.record_job_outcomes(
+                run.id, [JobOutcome(job.id, score=1.7e308) for job in jobs]
+            )
+
+    asyncio.run(populate())
+    code, out, err = run_cli(capsys, "show", str(run.id), "--json", "--url", str(db_path))
+    assert (code, err) == (0, "")
+    shown = json.loads(out)
+    assert shown["outcomes"]["mean_score"] == 1.7e308
+    assert shown["models"]["m"]["mean_score"] == 1.7e308
+    code, out, err = run_cli(capsys, "show", str(run.id), "--url", str(db_path))
+    assert (code, err) == (0, "")
+    assert f"mean score {1.7e308:.3f} (min" in out
+
+
+def _exact_mean(scores: list[float]) -> float:
+    """The mean show gives: fsum(scores) / len(scores) where the sum is a float, else the exact
+    mean rounded once (Fraction to float is correctly rounded)."""
+    total = sum(map(Fraction, scores), Fraction(0))
+    try:
+        return float(total) / len(scores)
+    except OverflowError:
+        return float(total / len(scores))
+
+
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=20))
+def test_the_mean_of_any_finite_scores_is_finite_and_exact(scores: list[float]) -> None:
+    """_Tally's mean of any finite scores, however near the largest float, is finite, between
+    the least and the greatest, and the exact mean rounded as _exact_mean says."""
+    tally = cli._Tally()
+    for score in scores:
+        tally.add(JobOutcome(uuid.UUID(int=1), score=score))
+    mean = tally.scores().mean_score
+    assert mean is not None
+    assert math.isfinite(mean)
+    assert min(scores) <= mean <= max(scores)
+    assert mean == _exact_mean(scores)
+
+
+@pytest.mark.parametrize(
+    ("scores", "mean"),
+    [
+        ([1.7e308, 1.7e308], 1.7e308),
+        ([-1.7e308, -1.7e308], -1.7e308),
+        ([sys.float_info.max] * 3, sys.float_info.max),
+        ([sys.float_info.max, sys.float_info.max, -sys.float_info.max / 2], sys.float_info.max / 2),
+    ],
+)
+def test_a_sum_past_the_largest_float_gives_the_exact_mean(
+    scores: list[float], mean: float
+) -> None:
+    """Scores whose sum no float holds have their mean as the exact mean, rounded once."""
+    tally = cli._Tally()
+    for score in scores:
+        tally.add(JobOutcome(uuid.UUID(int=1), score=score))
+    assert tally.scores().mean_score == mean
 
 
 def test_show_an_unknown_run_fails_in_one_line(
