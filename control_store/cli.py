@@ -448,13 +448,19 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
 
 
 def _fit_names(names: Sequence[str], width: int) -> str:
-    """As many of ``names`` as fit in ``width``, then "+N" for the rest."""
-    for shown in range(len(names), 0, -1):
-        rest = len(names) - shown
-        text = ", ".join(names[:shown]) + (f" +{rest}" if rest else "")
-        if len(text) <= width:
-            return text
-    return f"{len(names)} models" if names else ""
+    """As many of ``names`` as fit in ``width``, then "+N" for the rest.
+
+    The most that fit is found from the lengths alone, then joined once: joining each count
+    in turn to measure it took time quadratic in the number of models (3.7 s a row for a run
+    of 20,000)."""
+    count = len(names)
+    joined = sum(map(len, names)) + 2 * (count - 1)  # len(", ".join(names)): ", " between
+    for shown in range(count, 0, -1):
+        rest = f" +{count - shown}" if shown < count else ""
+        if joined + len(rest) <= width:
+            return ", ".join(names[:shown]) + rest
+        joined -= len(names[shown - 1]) + 2  # the last name shown and the ", " before it
+    return f"{count} models" if names else ""
 
 
 def _fraction(run: Run) -> str:
