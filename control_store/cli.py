@@ -419,8 +419,14 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
         runs = await store.list_runs(status=args.status, limit=ask)
     more = limit is not None and len(runs) > limit
     runs = runs[:limit]
+    left_out = f"(newest {limit} shown; --limit N for more, --all for every run)"
     if args.json:
         out.print(out.json(runs))
+        if more:
+            # On stderr: the document stays a list of runs, and a script piping it on (jq
+            # '.[].id') would otherwise miss runs without a word.
+            out.flush()  # the runs first, where both streams go to one terminal
+            _complain(left_out)
         return EXIT_OK
     if not runs:
         which = f"{args.status} runs" if args.status else "runs"
@@ -443,7 +449,7 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
         row.append(_fit_names([_printable(m) for m in run.models], out.width - used))
     _table(out, header, rows)
     if more:
-        out.print(f"(newest {limit} shown; --limit N for more, --all for every run)")
+        out.print(left_out)
     return EXIT_OK
 
 

@@ -165,6 +165,38 @@ def test_runs_on_an_empty_store_says_there_are_none(
     assert run_cli(capsys, "runs", "--json", "--url", str(db_path))[1] == "[]\n"
 
 
+async def _populate_many(path: Path, count: int) -> list[Run]:
+    """``count`` runs, a second apart, oldest first."""
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    runs = [make_run(2, created_at=base + timedelta(seconds=i)) for i in range(count)]
+    async with Store.connect(path) as store:
+        for run in runs:
+            await store.insert_run(run)
+    return runs
+
+
+def test_runs_json_says_on_stderr_when_runs_were_left_out(
+    capsys: pytest.CaptureFixture[str], db_path: Path
+) -> None:
+    """runs --json past its limit stays a list, of the newest runs, and says on stderr in one
+    line that there are more and how to get them all (--all); nothing when none was left out."""
+    runs = asyncio.run(_populate_many(db_path, cli.DEFAULT_LIMIT + 1))
+    note = f"(newest {cli.DEFAULT_LIMIT} shown; --limit N for more, --all for every run)\n"
+    code, out, err = run_cli(capsys, "runs", "--json", "--url", str(db_path))
+    assert (code, err) == (0, note)
+    assert [r["id"] for r in json.loads(out)] == [str(r.id) for r in runs[:0:-1]]
+    code, out, err = run_cli(capsys, "runs", "--json", "--all", "--url", str(db_path))
+    assert (code, err) == (0, "")
+    assert len(json.loads(out)) == len(runs)
+    limit = str(len(runs))  # exactly as many as there are: none left out
+    code, out, err = run_cli(capsys, "runs", "--json", "--limit", limit, "--url", str(db_path))
+    assert (code, err) == (0, "")
+    assert len(json.loads(out)) == len(runs)
+    code, out, err = run_cli(capsys, "runs", "--json", "--limit", "1", "--url", str(db_path))
+    assert (code, err) == (0, "(newest 1 shown; --limit N for more, --all for every run)\n")
+    assert [r["id"] for r in json.loads(out)] == [str(runs[-1].id)]
+
+
 def test_fit_names_keeps_its_output_for_small_lists() -> None:
     """_fit_names gives as many names as fit, then +N for the rest, else "N models"."""
     abc = ["a", "bb", "ccc"]
