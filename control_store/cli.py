@@ -421,7 +421,7 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
     runs = runs[:limit]
     left_out = f"(newest {limit} shown; --limit N for more, --all for every run)"
     if args.json:
-        out.print(out.json(runs))
+        out.print(out.json([_run_json(run) for run in runs]))
         if more:
             # On stderr: the document stays a list of runs, and a script piping it on (jq
             # '.[].id') would otherwise miss runs without a word.
@@ -451,6 +451,14 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
     if more:
         out.print(left_out)
     return EXIT_OK
+
+
+def _run_json(run: Run) -> dict[str, object]:
+    """``run`` as --json gives it: as msgspec encodes it, but created_at as the store writes it,
+    fixed width with microseconds, so text order is time order. msgspec drops a zero fraction:
+    "2026-01-01T00:00:00Z" would sort after "2026-01-01T00:00:00.500000Z"."""
+    created_at = _codec.format_timestamp(run.created_at, what="created_at")
+    return msgspec.structs.asdict(run) | {"created_at": created_at}
 
 
 def _fit_names(names: Sequence[str], width: int) -> str:
@@ -613,7 +621,7 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
     errors, untallied = summary.errors, summary.untallied_errors
     if args.json:
         shown: dict[str, object] = {
-            "run": run,
+            "run": _run_json(run),
             "jobs": counts,
             "outcomes": asdict(overall),
             "models": {model: asdict(s) for model, s in per_model.items()},

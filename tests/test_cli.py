@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from control_store import ControlError, JobOutcome, Run, RunStatus, Store, cli
 from control_store import _demo as demo
 
-from conftest import CALL_TIMEOUT, WORKERS, make_jobs, make_run, with_second_migration
+from conftest import CALL_TIMEOUT, WORKERS, make_jobs, make_run, raw_db, with_second_migration
 
 Result = tuple[int, str, str]
 
@@ -195,6 +195,36 @@ def test_runs_json_says_on_stderr_when_runs_were_left_out(
     code, out, err = run_cli(capsys, "runs", "--json", "--limit", "1", "--url", str(db_path))
     assert (code, err) == (0, "(newest 1 shown; --limit N for more, --all for every run)\n")
     assert [r["id"] for r in json.loads(out)] == [str(runs[-1].id)]
+
+
+def test_json_gives_created_at_as_the_store_writes_it(
+    capsys: pytest.CaptureFixture[str], db_path: Path
+) -> None:
+    """runs --json and show --json give created_at as the fixed-width text the store writes
+    (microseconds even when they are zero), so sorting it as text sorts runs by time."""
+    whole = make_run(2, created_at=datetime(2026, 1, 1, tzinfo=UTC))
+    half = make_run(2, created_at=datetime(2026, 1, 1, 0, 0, 0, 500_000, tzinfo=UTC))
+
+    async def populate() -> None:
+        async with Store.connect(db_path) as store:
+            for run in (whole, half):
+                await store.insert_run(run)
+
+    asyncio.run(populate())
+    with raw_db(db_path) as conn:
+        stored = dict(conn.execute("SELECT id, created_at FROM runs").fetchall())
+    assert stored[str(whole.id)] == "2026-01-01T00:00:00.000000Z"
+    code, out, _ = run_cli(capsys, "runs", "--json", "--url", str(db_path))
+    assert code == 0
+    shown = json.loads(out)
+    assert {r["id"]: r["created_at"] for r in shown} == stored
+    by_text = [r["id"] for r in sorted(shown, key=lambda r: r["created_at"])]
+    assert by_text == [str(whole.id), str(half.id)]
+    assert msgspec.json.decode(out, type=list[Run]) == _stored_runs(db_path)  # still Runs
+    for run in (whole, half):
+        code, out, _ = run_cli(capsys, "show", str(run.id), "--json", "--url", str(db_path))
+        assert code == 0
+        assert json.loads(out)["run"]["created_at"] == stored[str(run.id)]
 
 
 def test_fit_names_keeps_its_output_for_small_lists() -> None:
