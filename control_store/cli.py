@@ -24,6 +24,7 @@ import shutil
 import signal
 import sys
 import time
+import unicodedata
 import uuid
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -199,18 +200,51 @@ def _age(then: datetime, now: datetime) -> str:
     return f"{int(seconds)}s"
 
 
-# C0 controls, DEL and C1 controls: stored text (a manifest, a model name, an error message)
-# holding them would drive the terminal: "\n" forges a row, ESC [2J clears the screen, ESC ]
-# sets the window title. And the line and paragraph separators, which some terminals break
-# lines at, and the bidirectional marks and overrides, which reorder what follows them on the
-# line ("Trojan Source"): a model name could show another's id or score.
-_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+# Characters output for people shows as escapes: stored text (a manifest, a model name, an
+# error message) holding them could drive the terminal, reorder the line or hide a difference.
+# Cc, the C0 and C1 controls and DEL: "\n" forges a row, ESC [2J clears the screen, ESC ] sets
+# the window title. Zl and Zp, the line and paragraph separators, which some terminals break
+# lines at. Cf, the format characters: the bidirectional marks, embeddings, overrides and
+# isolates reorder what follows them on the line ("Trojan Source": a model name could show
+# another's id or score), and the rest draw as nothing (U+200B zero width space, U+2060 word
+# joiner, U+FEFF, U+00AD soft hyphen, the tag characters U+E0000-E007F), so "gpt-x" and
+# "gpt-x\u200b" would show as the same row. Cs: a lone surrogate (from a byte an argument could
+# not decode) has no glyph. By category, from the running Python's Unicode database, so a format
+# character added to Unicode later is escaped too.
+_ESCAPED_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+# And the other code points Unicode says to draw as nothing, though not of those categories
+# (DerivedCoreProperties.txt, Default_Ignorable_Code_Point, less its Cf members): the combining
+# grapheme joiner, the Khmer inherent vowels, the Mongolian free variation selectors, the Hangul
+# fillers, the variation selectors (U+FE00-FE0F, U+E0100-E01EF) and the code points reserved as
+# ignorable (U+2065, U+FFF0-FFF8, U+E0000-E0FFF): "gpt-x\ufe0f" would look like "gpt-x" too.
+_IGNORABLE: Final = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2065\u3164\ufe00-\ufe0f\uffa0"
+    "\ufff0-\ufff8\U000e0000-\U000e0fff]"
+)
+# Every character but printable ASCII: the candidates, each then judged by _escape_unsafe.
+_NOT_PRINTABLE_ASCII: Final = re.compile(r"[^\x20-\x7e]")
 
 
 def _printable(text: str) -> str:
-    """``text`` with every control character shown as its Python escape (\\n, \\x1b, \\x85),
-    for output meant for a person; JSON escapes them itself."""
-    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], text)
+    """``text`` with every character that could drive the terminal, reorder the line or draw as
+    nothing shown as its escape (\\n, \\x1b, \\x85, \\u200b, \\U000e0041), for output meant for
+    a person; JSON escapes control characters itself, and keeps the rest as stored."""
+    if text.isascii() and text.isprintable():  # the common case: nothing to look up
+        return text
+    return _NOT_PRINTABLE_ASCII.sub(_escape_unsafe, text)
+
+
+def _escape_unsafe(match: re.Match[str]) -> str:
+    char = match.group()
+    if unicodedata.category(char) not in _ESCAPED_CATEGORIES and not _IGNORABLE.match(char):
+        return char
+    # repr's escape where it has one (\n, \x1b, \u202e): the form these were always shown in.
+    # A variation selector or a Hangul filler is printable to repr, which keeps it as is.
+    escaped = repr(char)[1:-1]
+    if escaped != char:
+        return escaped
+    code = ord(char)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def _clip(text: str, width: int) -> str:

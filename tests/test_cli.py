@@ -18,6 +18,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import unicodedata
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -30,7 +31,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from control_store import ControlError, JobOutcome, Run, RunStatus, Store, cli
+from control_store import ControlError, EvalJob, Job, JobOutcome, Run, RunStatus, Store, cli
 from control_store import _demo as demo
 
 from conftest import CALL_TIMEOUT, WORKERS, make_jobs, make_run, raw_db, with_second_migration
@@ -453,6 +454,87 @@ def test_a_sum_past_the_largest_float_gives_the_exact_mean(
     for score in scores:
         tally.add(JobOutcome(uuid.UUID(int=1), score=score))
     assert tally.scores().mean_score == mean
+
+
+# Invisible and reordering characters: each as output for people shows it.
+INVISIBLE = {
+    "\u061c": "\\u061c",  # ARABIC LETTER MARK: a bidi mark
+    "\u200b": "\\u200b",  # ZERO WIDTH SPACE
+    "\u200d": "\\u200d",  # ZERO WIDTH JOINER
+    "\u2060": "\\u2060",  # WORD JOINER
+    "\ufeff": "\\ufeff",  # ZERO WIDTH NO-BREAK SPACE (a BOM)
+    "\xad": "\\xad",  # SOFT HYPHEN
+    "\U000e0041": "\\U000e0041",  # TAG LATIN CAPITAL LETTER A
+    "\U000e0001": "\\U000e0001",  # LANGUAGE TAG
+    "\u180e": "\\u180e",  # MONGOLIAN VOWEL SEPARATOR
+    "\U0001d173": "\\U0001d173",  # MUSICAL SYMBOL BEGIN BEAM
+    "\ufe0f": "\\ufe0f",  # VARIATION SELECTOR-16 (Mn, but default ignorable)
+    "\U000e0100": "\\U000e0100",  # VARIATION SELECTOR-17
+    "\u034f": "\\u034f",  # COMBINING GRAPHEME JOINER
+    "\u3164": "\\u3164",  # HANGUL FILLER (Lo, but default ignorable)
+    "\u2029": "\\u2029",  # PARAGRAPH SEPARATOR
+    "\udc80": "\\udc80",  # a lone surrogate, as an undecodable argument byte becomes
+}
+
+
+@pytest.mark.parametrize(("char", "escape"), INVISIBLE.items())
+def test_invisible_characters_are_shown_as_escapes(char: str, escape: str) -> None:
+    """_printable shows a format character, a separator or a default-ignorable one as its
+    escape, in the \\xNN, \\uNNNN or \\UNNNNNNNN form repr uses."""
+    assert cli._printable(f"gpt-x{char}!") == f"gpt-x{escape}!"
+
+
+def test_every_control_format_surrogate_and_separator_character_is_escaped() -> None:
+    """No character of Unicode category Cc, Cf, Cs, Zl or Zp, and no default-ignorable one,
+    survives _printable: each becomes a backslash escape of printable ASCII."""
+    escaped = {"Cc", "Cf", "Cs", "Zl", "Zp"}
+    ignorable = [0x34F, 0x115F, 0x1160, 0x17B4, 0x17B5, *range(0x180B, 0x1810), 0x2065, 0x3164]
+    ignorable += [*range(0xFE00, 0xFE10), 0xFFA0, *range(0xFFF0, 0xFFF9), *range(0xE0000, 0xE1000)]
+    chars = [chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) in escaped]
+    chars += [chr(c) for c in ignorable]
+    assert {"\u061c", "\U000e007f"} <= set(chars)
+    for char in chars:
+        shown = cli._printable(char)
+        assert re.fullmatch(r"\\[\x21-\x7e]+", shown), hex(ord(char))
+
+
+def test_visible_text_is_shown_as_it_is() -> None:
+    """_printable keeps letters, marks, symbols and spaces of any script as they are."""
+    for text in ("évals/日本語.yaml", "modèle-ñ", "délai dépassé ⏱", "a\u00a0b", "e\u0301", "👍"):
+        assert cli._printable(text) == text
+
+
+def test_names_that_differ_by_an_invisible_character_show_differently(
+    capsys: pytest.CaptureFixture[str], db_path: Path
+) -> None:
+    """Two models that differ only by a zero width space show as two different rows, and a
+    manifest's Arabic letter mark and soft hyphen are shown as escapes; --json keeps them."""
+    models = ["gpt-x", "gpt-x\u200b"]
+    run = Run("eval\xad.yaml\u061c 12 34", models, 1, 2)
+
+    async def populate() -> None:
+        async with Store.connect(db_path) as store:
+            await store.insert_run(run)
+            jobs = [Job(run.id, EvalJob(model, "q", 0)) for model in models]
+            await store.insert_jobs(jobs)
+            await store.record_job_outcomes(
+                run.id, [JobOutcome(jobs[0].id, score=0.1), JobOutcome(jobs[1].id, score=0.9)]
+            )
+
+    asyncio.run(populate())
+    code, out, err = run_cli(capsys, "show", str(run.id), "--url", str(db_path))
+    assert (code, err) == (0, "")
+    assert "eval\\xad.yaml\\u061c 12 34" in out
+    assert "models    gpt-x, gpt-x\\u200b\n" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("gpt-x")]
+    assert rows == [["gpt-x", "1", "1", "0.100", "0"], ["gpt-x\\u200b", "1", "1", "0.900", "0"]]
+    assert not any(char in out for char in "\u200b\u061c\xad")
+    code, out, err = run_cli(capsys, "runs", "--url", str(db_path))
+    assert (code, err) == (0, "")
+    assert "eval\\xad.yaml\\u061c 12 34" in out
+    assert "gpt-x, gpt-x\\u200b" in out
+    code, out, _ = run_cli(capsys, "show", str(run.id), "--json", "--url", str(db_path))
+    assert list(json.loads(out)["models"]) == models
 
 
 def test_show_an_unknown_run_fails_in_one_line(
