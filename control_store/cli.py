@@ -535,11 +535,13 @@ _EXACT_SCALE_BITS: Final = 1074
 class _Tally:
     """One model's outcomes (or all of them), summed as jobs stream by, in O(1) memory.
 
-    Gives what ``_Scores`` of the whole list gave, bit for bit: the mean is the exact sum,
-    rounded once, divided by the count, as ``math.fsum(scores) / len(scores)`` is (fsum is
-    correctly rounded, and so is int / int); min and max keep the first of equal values, as
-    the builtins do (which decides the sign shown for a 0.0 beside a -0.0). Where the sum is
-    past the largest float, which fsum refuses, the mean is the exact mean, rounded once.
+    The mean is the exact mean rounded once: the exact sum divided by the count in one
+    int / int, which Python rounds correctly. So the mean of equal scores is that score, and a
+    mean always lies between the least and the greatest score, even where their sum is past
+    the largest float (two scores of 1.7e308). ``math.fsum(scores) / len(scores)`` rounds twice,
+    and can do neither: three scores of 5.174716367880626e16 have a mean of ...625e16 by it, and
+    a sum past the largest float raises OverflowError. Min and max keep the first of equal
+    values, as the builtins do (which decides the sign shown for a 0.0 beside a -0.0).
     """
 
     __slots__ = ("done", "errors", "max", "min", "scored", "sum")
@@ -569,16 +571,7 @@ class _Tally:
     def scores(self) -> _Scores:
         mean = None
         if self.scored:
-            try:
-                # int / int rounds once, correctly, as fsum does: the float of the sum, then
-                # divided by the count, as fsum(scores) / len(scores) is.
-                mean = (self.sum / (1 << _EXACT_SCALE_BITS)) / self.scored
-            except OverflowError:
-                # The sum is past the largest float (two scores of 1.7e308), where fsum raises
-                # too; but the mean of finite scores lies between the smallest and the largest
-                # of them, so it is a finite float: the exact sum divided by the count times the
-                # scale, in one int / int, rounded once.
-                mean = self.sum / (self.scored << _EXACT_SCALE_BITS)
+            mean = self.sum / (self.scored << _EXACT_SCALE_BITS)  # rounded once: see above
         return _Scores(self.done, self.scored, self.errors, mean, self.min, self.max)
 
 

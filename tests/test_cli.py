@@ -414,19 +414,14 @@ def test_show_gives_the_mean_of_scores_whose_sum_is_past_the_largest_float(
 
 
 def _exact_mean(scores: list[float]) -> float:
-    """The mean show gives: fsum(scores) / len(scores) where the sum is a float, else the exact
-    mean rounded once (Fraction to float is correctly rounded)."""
-    total = sum(map(Fraction, scores), Fraction(0))
-    try:
-        return float(total) / len(scores)
-    except OverflowError:
-        return float(total / len(scores))
+    """The exact mean of ``scores``, rounded once (Fraction to float rounds correctly)."""
+    return float(sum(map(Fraction, scores), Fraction(0)) / len(scores))
 
 
 @given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=20))
 def test_the_mean_of_any_finite_scores_is_finite_and_exact(scores: list[float]) -> None:
     """_Tally's mean of any finite scores, however near the largest float, is finite, between
-    the least and the greatest, and the exact mean rounded as _exact_mean says."""
+    the least and the greatest, and the exact mean rounded once."""
     tally = cli._Tally()
     for score in scores:
         tally.add(JobOutcome(uuid.UUID(int=1), score=score))
@@ -444,12 +439,11 @@ def test_the_mean_of_any_finite_scores_is_finite_and_exact(scores: list[float]) 
         ([-1.7e308, -1.7e308], -1.7e308),
         ([sys.float_info.max] * 3, sys.float_info.max),
         ([sys.float_info.max, sys.float_info.max, -sys.float_info.max / 2], sys.float_info.max / 2),
+        ([5.174716367880626e16] * 3, 5.174716367880626e16),  # fsum / len: ...625e16
     ],
 )
-def test_a_sum_past_the_largest_float_gives_the_exact_mean(
-    scores: list[float], mean: float
-) -> None:
-    """Scores whose sum no float holds have their mean as the exact mean, rounded once."""
+def test_the_mean_is_the_exact_mean_rounded_once(scores: list[float], mean: float) -> None:
+    """Scores whose sum no float holds, or equal scores, have the exact mean, rounded once."""
     tally = cli._Tally()
     for score in scores:
         tally.add(JobOutcome(uuid.UUID(int=1), score=score))
