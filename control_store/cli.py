@@ -24,6 +24,7 @@ import shutil
 import signal
 import sys
 import time
+import unicodedata
 import uuid
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -199,18 +200,51 @@ def _age(then: datetime, now: datetime) -> str:
     return f"{int(seconds)}s"
 
 
-# C0 controls, DEL and C1 controls: stored text (a manifest, a model name, an error message)
-# holding them would drive the terminal: "\n" forges a row, ESC [2J clears the screen, ESC ]
-# sets the window title. And the line and paragraph separators, which some terminals break
-# lines at, and the bidirectional marks and overrides, which reorder what follows them on the
-# line ("Trojan Source"): a model name could show another's id or score.
-_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+# Characters output for people shows as escapes: stored text (a manifest, a model name, an
+# error message) holding them could drive the terminal, reorder the line or hide a difference.
+# Cc, the C0 and C1 controls and DEL: "\n" forges a row, ESC [2J clears the screen, ESC ] sets
+# the window title. Zl and Zp, the line and paragraph separators, which some terminals break
+# lines at. Cf, the format characters: the bidirectional marks, embeddings, overrides and
+# isolates reorder what follows them on the line ("Trojan Source": a model name could show
+# another's id or score), and the rest draw as nothing (U+200B zero width space, U+2060 word
+# joiner, U+FEFF, U+00AD soft hyphen, the tag characters U+E0000-E007F), so "gpt-x" and
+# "gpt-x\u200b" would show as the same row. Cs: a lone surrogate (from a byte an argument could
+# not decode) has no glyph. By category, from the running Python's Unicode database, so a format
+# character added to Unicode later is escaped too.
+_ESCAPED_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+# And the other code points Unicode says to draw as nothing, though not of those categories
+# (DerivedCoreProperties.txt, Default_Ignorable_Code_Point, less its Cf members): the combining
+# grapheme joiner, the Khmer inherent vowels, the Mongolian free variation selectors, the Hangul
+# fillers, the variation selectors (U+FE00-FE0F, U+E0100-E01EF) and the code points reserved as
+# ignorable (U+2065, U+FFF0-FFF8, U+E0000-E0FFF): "gpt-x\ufe0f" would look like "gpt-x" too.
+_IGNORABLE: Final = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2065\u3164\ufe00-\ufe0f\uffa0"
+    "\ufff0-\ufff8\U000e0000-\U000e0fff]"
+)
+# Every character but printable ASCII: the candidates, each then judged by _escape_unsafe.
+_NOT_PRINTABLE_ASCII: Final = re.compile(r"[^\x20-\x7e]")
 
 
 def _printable(text: str) -> str:
-    """``text`` with every control character shown as its Python escape (\\n, \\x1b, \\x85),
-    for output meant for a person; JSON escapes them itself."""
-    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], text)
+    """``text`` with every character that could drive the terminal, reorder the line or draw as
+    nothing shown as its escape (\\n, \\x1b, \\x85, \\u200b, \\U000e0041), for output meant for
+    a person; JSON escapes control characters itself, and keeps the rest as stored."""
+    if text.isascii() and text.isprintable():  # the common case: nothing to look up
+        return text
+    return _NOT_PRINTABLE_ASCII.sub(_escape_unsafe, text)
+
+
+def _escape_unsafe(match: re.Match[str]) -> str:
+    char = match.group()
+    if unicodedata.category(char) not in _ESCAPED_CATEGORIES and not _IGNORABLE.match(char):
+        return char
+    # repr's escape where it has one (\n, \x1b, \u202e): the form these were always shown in.
+    # A variation selector or a Hangul filler is printable to repr, which keeps it as is.
+    escaped = repr(char)[1:-1]
+    if escaped != char:
+        return escaped
+    code = ord(char)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def _clip(text: str, width: int) -> str:
@@ -419,8 +453,14 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
         runs = await store.list_runs(status=args.status, limit=ask)
     more = limit is not None and len(runs) > limit
     runs = runs[:limit]
+    left_out = f"(newest {limit} shown; --limit N for more, --all for every run)"
     if args.json:
-        out.print(out.json(runs))
+        out.print(out.json([_run_json(run) for run in runs]))
+        if more:
+            # On stderr: the document stays a list of runs, and a script piping it on (jq
+            # '.[].id') would otherwise miss runs without a word.
+            out.flush()  # the runs first, where both streams go to one terminal
+            _complain(left_out)
         return EXIT_OK
     if not runs:
         which = f"{args.status} runs" if args.status else "runs"
@@ -443,18 +483,32 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
         row.append(_fit_names([_printable(m) for m in run.models], out.width - used))
     _table(out, header, rows)
     if more:
-        out.print(f"(newest {limit} shown; --limit N for more, --all for every run)")
+        out.print(left_out)
     return EXIT_OK
 
 
+def _run_json(run: Run) -> dict[str, object]:
+    """``run`` as --json gives it: as msgspec encodes it, but created_at as the store writes it,
+    fixed width with microseconds, so text order is time order. msgspec drops a zero fraction:
+    "2026-01-01T00:00:00Z" would sort after "2026-01-01T00:00:00.500000Z"."""
+    created_at = _codec.format_timestamp(run.created_at, what="created_at")
+    return msgspec.structs.asdict(run) | {"created_at": created_at}
+
+
 def _fit_names(names: Sequence[str], width: int) -> str:
-    """As many of ``names`` as fit in ``width``, then "+N" for the rest."""
-    for shown in range(len(names), 0, -1):
-        rest = len(names) - shown
-        text = ", ".join(names[:shown]) + (f" +{rest}" if rest else "")
-        if len(text) <= width:
-            return text
-    return f"{len(names)} models" if names else ""
+    """As many of ``names`` as fit in ``width``, then "+N" for the rest.
+
+    The most that fit is found from the lengths alone, then joined once: joining each count
+    in turn to measure it took time quadratic in the number of models (3.7 s a row for a run
+    of 20,000)."""
+    count = len(names)
+    joined = sum(map(len, names)) + 2 * (count - 1)  # len(", ".join(names)): ", " between
+    for shown in range(count, 0, -1):
+        rest = f" +{count - shown}" if shown < count else ""
+        if joined + len(rest) <= width:
+            return ", ".join(names[:shown]) + rest
+        joined -= len(names[shown - 1]) + 2  # the last name shown and the ", " before it
+    return f"{count} models" if names else ""
 
 
 def _fraction(run: Run) -> str:
@@ -481,10 +535,13 @@ _EXACT_SCALE_BITS: Final = 1074
 class _Tally:
     """One model's outcomes (or all of them), summed as jobs stream by, in O(1) memory.
 
-    Gives what ``_Scores`` of the whole list gave, bit for bit: the mean is the exact sum,
-    rounded once, divided by the count, as ``math.fsum(scores) / len(scores)`` is (fsum is
-    correctly rounded, and so is int / int); min and max keep the first of equal values, as
-    the builtins do (which decides the sign shown for a 0.0 beside a -0.0).
+    The mean is the exact mean rounded once: the exact sum divided by the count in one
+    int / int, which Python rounds correctly. So the mean of equal scores is that score, and a
+    mean always lies between the least and the greatest score, even where their sum is past
+    the largest float (two scores of 1.7e308). ``math.fsum(scores) / len(scores)`` rounds twice,
+    and can do neither: three scores of 5.174716367880626e16 have a mean of ...625e16 by it, and
+    a sum past the largest float raises OverflowError. Min and max keep the first of equal
+    values, as the builtins do (which decides the sign shown for a 0.0 beside a -0.0).
     """
 
     __slots__ = ("done", "errors", "max", "min", "scored", "sum")
@@ -514,9 +571,7 @@ class _Tally:
     def scores(self) -> _Scores:
         mean = None
         if self.scored:
-            # int / int rounds once, correctly, as fsum does; both raise OverflowError for a
-            # sum beyond the largest float.
-            mean = (self.sum / (1 << _EXACT_SCALE_BITS)) / self.scored
+            mean = self.sum / (self.scored << _EXACT_SCALE_BITS)  # rounded once: see above
         return _Scores(self.done, self.scored, self.errors, mean, self.min, self.max)
 
 
@@ -593,7 +648,7 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
     errors, untallied = summary.errors, summary.untallied_errors
     if args.json:
         shown: dict[str, object] = {
-            "run": run,
+            "run": _run_json(run),
             "jobs": counts,
             "outcomes": asdict(overall),
             "models": {model: asdict(s) for model, s in per_model.items()},

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import io
 import json
+import math
 import multiprocessing
 import os
 import random
@@ -17,18 +18,23 @@ import sqlite3
 import subprocess
 import sys
 import time
+import unicodedata
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from control_store import ControlError, JobOutcome, Run, RunStatus, Store, cli
+from control_store import ControlError, EvalJob, Job, JobOutcome, Run, RunStatus, Store, cli
 from control_store import _demo as demo
 
-from conftest import CALL_TIMEOUT, WORKERS, make_jobs, make_run, with_second_migration
+from conftest import CALL_TIMEOUT, WORKERS, make_jobs, make_run, raw_db, with_second_migration
 
 Result = tuple[int, str, str]
 
@@ -160,6 +166,124 @@ def test_runs_on_an_empty_store_says_there_are_none(
     assert run_cli(capsys, "runs", "--json", "--url", str(db_path))[1] == "[]\n"
 
 
+async def _populate_many(path: Path, count: int) -> list[Run]:
+    """``count`` runs, a second apart, oldest first."""
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    runs = [make_run(2, created_at=base + timedelta(seconds=i)) for i in range(count)]
+    async with Store.connect(path) as store:
+        for run in runs:
+            await store.insert_run(run)
+    return runs
+
+
+def test_runs_json_says_on_stderr_when_runs_were_left_out(
+    capsys: pytest.CaptureFixture[str], db_path: Path
+) -> None:
+    """runs --json past its limit stays a list, of the newest runs, and says on stderr in one
+    line that there are more and how to get them all (--all); nothing when none was left out."""
+    runs = asyncio.run(_populate_many(db_path, cli.DEFAULT_LIMIT + 1))
+    note = f"(newest {cli.DEFAULT_LIMIT} shown; --limit N for more, --all for every run)\n"
+    code, out, err = run_cli(capsys, "runs", "--json", "--url", str(db_path))
+    assert (code, err) == (0, note)
+    assert [r["id"] for r in json.loads(out)] == [str(r.id) for r in runs[:0:-1]]
+    code, out, err = run_cli(capsys, "runs", "--json", "--all", "--url", str(db_path))
+    assert (code, err) == (0, "")
+    assert len(json.loads(out)) == len(runs)
+    limit = str(len(runs))  # exactly as many as there are: none left out
+    code, out, err = run_cli(capsys, "runs", "--json", "--limit", limit, "--url", str(db_path))
+    assert (code, err) == (0, "")
+    assert len(json.loads(out)) == len(runs)
+    code, out, err = run_cli(capsys, "runs", "--json", "--limit", "1", "--url", str(db_path))
+    assert (code, err) == (0, "(newest 1 shown; --limit N for more, --all for every run)\n")
+    assert [r["id"] for r in json.loads(out)] == [str(runs[-1].id)]
+
+
+def test_json_gives_created_at_as_the_store_writes_it(
+    capsys: pytest.CaptureFixture[str], db_path: Path
+) -> None:
+    """runs --json and show --json give created_at as the fixed-width text the store writes
+    (microseconds even when they are zero), so sorting it as text sorts runs by time."""
+    whole = make_run(2, created_at=datetime(2026, 1, 1, tzinfo=UTC))
+    half = make_run(2, created_at=datetime(2026, 1, 1, 0, 0, 0, 500_000, tzinfo=UTC))
+
+    async def populate() -> None:
+        async with Store.connect(db_path) as store:
+            for run in (whole, half):
+                await store.insert_run(run)
+
+    asyncio.run(populate())
+    with raw_db(db_path) as conn:
+        stored = dict(conn.execute("SELECT id, created_at FROM runs").fetchall())
+    assert stored[str(whole.id)] == "2026-01-01T00:00:00.000000Z"
+    code, out, _ = run_cli(capsys, "runs", "--json", "--url", str(db_path))
+    assert code == 0
+    shown = json.loads(out)
+    assert {r["id"]: r["created_at"] for r in shown} == stored
+    by_text = [r["id"] for r in sorted(shown, key=lambda r: r["created_at"])]
+    assert by_text == [str(whole.id), str(half.id)]
+    assert msgspec.json.decode(out, type=list[Run]) == _stored_runs(db_path)  # still Runs
+    for run in (whole, half):
+        code, out, _ = run_cli(capsys, "show", str(run.id), "--json", "--url", str(db_path))
+        assert code == 0
+        assert json.loads(out)["run"]["created_at"] == stored[str(run.id)]
+
+
+def test_fit_names_keeps_its_output_for_small_lists() -> None:
+    """_fit_names gives as many names as fit, then +N for the rest, else "N models"."""
+    abc = ["a", "bb", "ccc"]
+    assert cli._fit_names([], 0) == ""
+    assert cli._fit_names([], 100) == ""
+    assert cli._fit_names(abc, 100) == "a, bb, ccc"
+    assert cli._fit_names(abc, 10) == "a, bb, ccc"  # exactly 10 characters
+    assert cli._fit_names(abc, 9) == "a, bb +1"  # 8 characters
+    assert cli._fit_names(abc, 8) == "a, bb +1"
+    assert cli._fit_names(abc, 7) == "a +2"  # "a, bb +1" is 8
+    assert cli._fit_names(abc, 4) == "a +2"
+    assert cli._fit_names(abc, 3) == "3 models"  # even "a +2" is 4: the count, whatever its size
+    assert cli._fit_names(abc, -5) == "3 models"
+    assert cli._fit_names(["abcdef"], 6) == "abcdef"
+    assert cli._fit_names(["abcdef"], 5) == "1 models"
+    # Twelve names n0..n11: "n0, n1, n2 +9" is 13 characters, "n0, n1 +10" is 10.
+    twelve = [f"n{i}" for i in range(12)]
+    assert cli._fit_names(twelve, 13) == "n0, n1, n2 +9"
+    assert cli._fit_names(twelve, 12) == "n0, n1 +10"
+    # An empty last name: all of "a, " (3) fits where "a +1" (4) does not.
+    assert cli._fit_names(["a", ""], 3) == "a, "
+    assert cli._fit_names(["a", ""], 2) == "2 models"
+
+
+class _CountingNames(list[str]):
+    """A list of names that counts the names it hands out in slices, and refuses to hand out
+    more than ``budget`` in all (so a quadratic walk fails at once instead of taking minutes)."""
+
+    def __init__(self, names: list[str], budget: int) -> None:
+        super().__init__(names)
+        self.sliced = 0
+        self.budget = budget
+
+    def __getitem__(self, index: Any) -> Any:
+        item = super().__getitem__(index)
+        if isinstance(index, slice):
+            self.sliced += len(item)
+            assert self.sliced <= self.budget, f"{self.sliced} names sliced out of {len(self)}"
+        return item
+
+
+def test_fit_names_takes_a_long_list_in_linear_work() -> None:
+    """_fit_names on 50,000 names gives the right text, reading each name a bounded number of
+    times (it used to join every prefix in turn: quadratic, 3.7 s a row for 20,000)."""
+    count = 50_000
+    names = _CountingNames([f"m{i:05d}" for i in range(count)], budget=count)
+    # Each name is 6 characters and 2 for ", ": 4 names are 30, " +49996" 7 more; 5 are 45.
+    assert cli._fit_names(names, 40) == "m00000, m00001, m00002, m00003 +49996"
+    ones = _CountingNames(["x"] * count, budget=3 * count)
+    everything = count + 2 * (count - 1)  # every name and ", " between them: 149,998
+    assert cli._fit_names(ones, everything) == ", ".join(["x"] * count)
+    # One short: all but the last with " +1" is 149,998 too; all but two with " +2" is 149,995.
+    assert cli._fit_names(ones, everything - 1) == ", ".join(["x"] * (count - 2)) + " +2"
+    assert cli._fit_names(ones, 3) == f"{count} models"
+
+
 def test_url_comes_from_option_anywhere_then_environment_then_default(
     capsys: pytest.CaptureFixture[str],
     populated: tuple[Path, Run, Run],
@@ -260,6 +384,151 @@ def test_control_characters_in_stored_text_are_escaped_for_people(
         assert not any(ch in text for ch in "\x1b\r\x07\x9b\x7f")
     code, out, err = run_cli(capsys, "runs", "--json", "--url", str(db_path))
     assert json.loads(out)[0]["manifest"] == HOSTILE
+
+
+def test_show_gives_the_mean_of_scores_whose_sum_is_past_the_largest_float(
+    capsys: pytest.CaptureFixture[str], db_path: Path
+) -> None:
+    """show of a run whose finite scores sum past the largest float gives their finite mean,
+    in text and in JSON, instead of failing with a traceback."""
+    run = Run("huge.yaml", ["m"], 1, 2)
+
+    async def populate() -> None:
+        async with Store.connect(db_path) as store:
+            await store.insert_run(run)
+            jobs = make_jobs(run)
+            await store.insert_jobs(jobs)
+            await store.record_job_outcomes(
+                run.id, [JobOutcome(job.id, score=1.7e308) for job in jobs]
+            )
+
+    asyncio.run(populate())
+    code, out, err = run_cli(capsys, "show", str(run.id), "--json", "--url", str(db_path))
+    assert (code, err) == (0, "")
+    shown = json.loads(out)
+    assert shown["outcomes"]["mean_score"] == 1.7e308
+    assert shown["models"]["m"]["mean_score"] == 1.7e308
+    code, out, err = run_cli(capsys, "show", str(run.id), "--url", str(db_path))
+    assert (code, err) == (0, "")
+    assert f"mean score {1.7e308:.3f} (min" in out
+
+
+def _exact_mean(scores: list[float]) -> float:
+    """The exact mean of ``scores``, rounded once (Fraction to float rounds correctly)."""
+    return float(sum(map(Fraction, scores), Fraction(0)) / len(scores))
+
+
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=20))
+def test_the_mean_of_any_finite_scores_is_finite_and_exact(scores: list[float]) -> None:
+    """_Tally's mean of any finite scores, however near the largest float, is finite, between
+    the least and the greatest, and the exact mean rounded once."""
+    tally = cli._Tally()
+    for score in scores:
+        tally.add(JobOutcome(uuid.UUID(int=1), score=score))
+    mean = tally.scores().mean_score
+    assert mean is not None
+    assert math.isfinite(mean)
+    assert min(scores) <= mean <= max(scores)
+    assert mean == _exact_mean(scores)
+
+
+@pytest.mark.parametrize(
+    ("scores", "mean"),
+    [
+        ([1.7e308, 1.7e308], 1.7e308),
+        ([-1.7e308, -1.7e308], -1.7e308),
+        ([sys.float_info.max] * 3, sys.float_info.max),
+        ([sys.float_info.max, sys.float_info.max, -sys.float_info.max / 2], sys.float_info.max / 2),
+        ([5.174716367880626e16] * 3, 5.174716367880626e16),  # fsum / len: ...625e16
+    ],
+)
+def test_the_mean_is_the_exact_mean_rounded_once(scores: list[float], mean: float) -> None:
+    """Scores whose sum no float holds, or equal scores, have the exact mean, rounded once."""
+    tally = cli._Tally()
+    for score in scores:
+        tally.add(JobOutcome(uuid.UUID(int=1), score=score))
+    assert tally.scores().mean_score == mean
+
+
+# Invisible and reordering characters: each as output for people shows it.
+INVISIBLE = {
+    "\u061c": "\\u061c",  # ARABIC LETTER MARK: a bidi mark
+    "\u200b": "\\u200b",  # ZERO WIDTH SPACE
+    "\u200d": "\\u200d",  # ZERO WIDTH JOINER
+    "\u2060": "\\u2060",  # WORD JOINER
+    "\ufeff": "\\ufeff",  # ZERO WIDTH NO-BREAK SPACE (a BOM)
+    "\xad": "\\xad",  # SOFT HYPHEN
+    "\U000e0041": "\\U000e0041",  # TAG LATIN CAPITAL LETTER A
+    "\U000e0001": "\\U000e0001",  # LANGUAGE TAG
+    "\u180e": "\\u180e",  # MONGOLIAN VOWEL SEPARATOR
+    "\U0001d173": "\\U0001d173",  # MUSICAL SYMBOL BEGIN BEAM
+    "\ufe0f": "\\ufe0f",  # VARIATION SELECTOR-16 (Mn, but default ignorable)
+    "\U000e0100": "\\U000e0100",  # VARIATION SELECTOR-17
+    "\u034f": "\\u034f",  # COMBINING GRAPHEME JOINER
+    "\u3164": "\\u3164",  # HANGUL FILLER (Lo, but default ignorable)
+    "\u2029": "\\u2029",  # PARAGRAPH SEPARATOR
+    "\udc80": "\\udc80",  # a lone surrogate, as an undecodable argument byte becomes
+}
+
+
+@pytest.mark.parametrize(("char", "escape"), INVISIBLE.items())
+def test_invisible_characters_are_shown_as_escapes(char: str, escape: str) -> None:
+    """_printable shows a format character, a separator or a default-ignorable one as its
+    escape, in the \\xNN, \\uNNNN or \\UNNNNNNNN form repr uses."""
+    assert cli._printable(f"gpt-x{char}!") == f"gpt-x{escape}!"
+
+
+def test_every_control_format_surrogate_and_separator_character_is_escaped() -> None:
+    """No character of Unicode category Cc, Cf, Cs, Zl or Zp, and no default-ignorable one,
+    survives _printable: each becomes a backslash escape of printable ASCII."""
+    escaped = {"Cc", "Cf", "Cs", "Zl", "Zp"}
+    ignorable = [0x34F, 0x115F, 0x1160, 0x17B4, 0x17B5, *range(0x180B, 0x1810), 0x2065, 0x3164]
+    ignorable += [*range(0xFE00, 0xFE10), 0xFFA0, *range(0xFFF0, 0xFFF9), *range(0xE0000, 0xE1000)]
+    chars = [chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) in escaped]
+    chars += [chr(c) for c in ignorable]
+    assert {"\u061c", "\U000e007f"} <= set(chars)
+    for char in chars:
+        shown = cli._printable(char)
+        assert re.fullmatch(r"\\[\x21-\x7e]+", shown), hex(ord(char))
+
+
+def test_visible_text_is_shown_as_it_is() -> None:
+    """_printable keeps letters, marks, symbols and spaces of any script as they are."""
+    for text in ("évals/日本語.yaml", "modèle-ñ", "délai dépassé ⏱", "a\u00a0b", "e\u0301", "👍"):
+        assert cli._printable(text) == text
+
+
+def test_names_that_differ_by_an_invisible_character_show_differently(
+    capsys: pytest.CaptureFixture[str], db_path: Path
+) -> None:
+    """Two models that differ only by a zero width space show as two different rows, and a
+    manifest's Arabic letter mark and soft hyphen are shown as escapes; --json keeps them."""
+    models = ["gpt-x", "gpt-x\u200b"]
+    run = Run("eval\xad.yaml\u061c 12 34", models, 1, 2)
+
+    async def populate() -> None:
+        async with Store.connect(db_path) as store:
+            await store.insert_run(run)
+            jobs = [Job(run.id, EvalJob(model, "q", 0)) for model in models]
+            await store.insert_jobs(jobs)
+            await store.record_job_outcomes(
+                run.id, [JobOutcome(jobs[0].id, score=0.1), JobOutcome(jobs[1].id, score=0.9)]
+            )
+
+    asyncio.run(populate())
+    code, out, err = run_cli(capsys, "show", str(run.id), "--url", str(db_path))
+    assert (code, err) == (0, "")
+    assert "eval\\xad.yaml\\u061c 12 34" in out
+    assert "models    gpt-x, gpt-x\\u200b\n" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("gpt-x")]
+    assert rows == [["gpt-x", "1", "1", "0.100", "0"], ["gpt-x\\u200b", "1", "1", "0.900", "0"]]
+    assert not any(char in out for char in "\u200b\u061c\xad")
+    code, out, err = run_cli(capsys, "runs", "--url", str(db_path))
+    assert (code, err) == (0, "")
+    assert "eval\\xad.yaml\\u061c 12 34" in out
+    assert "gpt-x, gpt-x\\u200b" in out
+    code, out, _ = run_cli(capsys, "show", str(run.id), "--json", "--url", str(db_path))
+    assert list(json.loads(out)["models"]) == models
 
 
 def test_show_an_unknown_run_fails_in_one_line(

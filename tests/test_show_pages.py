@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import uuid
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -28,14 +28,15 @@ _ID = uuid.UUID(int=1)
 
 
 def _reference_scores(jobs: Sequence[Job]) -> cli._Scores:
-    """show's summary of a list of jobs as it was computed before iter_jobs (the list way)."""
+    """show's summary of a list of jobs computed from the whole list, with the mean as exact
+    fractions give it, rounded once (Fraction to float rounds correctly)."""
     outcomes = [job.outcome for job in jobs if job.outcome is not None]
     scores = [o.score for o in outcomes if o.score is not None]
     return cli._Scores(
         done=len(outcomes),
         scored=len(scores),
         errors=sum(1 for o in outcomes if o.error is not None),
-        mean_score=math.fsum(scores) / len(scores) if scores else None,
+        mean_score=float(sum(map(Fraction, scores), Fraction(0)) / len(scores)) if scores else None,
         min_score=min(scores, default=None),
         max_score=max(scores, default=None),
     )
@@ -183,7 +184,8 @@ finite = st.floats(allow_nan=False, allow_infinity=False, max_value=1e300, min_v
 
 @given(st.lists(st.one_of(st.none(), finite), max_size=60))
 def test_a_streamed_tally_equals_the_list_formulas_bit_for_bit(scores: list[float | None]) -> None:
-    """_Tally's mean, min and max are the very floats fsum/len, min and max give, signs included."""
+    """_Tally's mean, min and max are the very floats the exact mean, min and max give, signs
+    included."""
     outcomes = [JobOutcome(_ID, score=s) for s in scores]
     tally = cli._Tally()
     for outcome in outcomes:
