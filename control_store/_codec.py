@@ -769,6 +769,21 @@ class _Reader:
             raise self.corrupt(column, value, str(exc)) from exc
 
     @_collecting
+    def outcome(self, index: int) -> JobOutcome | None:
+        """A job's outcome, which must be that job's: one naming another job (a hand edit, a
+        row copied over another) would be reported as this job's result."""
+        recorded: JobOutcome | None = self.json(index, "outcome", _decode_outcome)
+        own = spelt_uuid(self.row[0]) if isinstance(self.row[0], str) else None
+        if recorded is not None and own is not None and recorded.job_id != own:
+            raise self.corrupt(
+                "outcome",
+                self.row[index],
+                f"expected the outcome of job {own}, the row's id, but it names job "
+                f"{recorded.job_id}",
+            )
+        return recorded
+
+    @_collecting
     def enum(self, index: int, column: str, kind: type[RunStatus] | type[JobStatus]) -> Any:
         value = self.row[index]
         try:
@@ -1003,7 +1018,11 @@ def _jobs_of_columns(columns: list[tuple[Any, ...]]) -> list[Job]:
         raise ValueError("an id is not canonical UUID text")
     spec_list = _json_column(_decode_specs, specs)
     recorded = [o for o in outcomes if o is not None]
-    decoded = iter(_json_column(_decode_outcomes, recorded) if recorded else ())
+    decoded_list: list[JobOutcome] = _json_column(_decode_outcomes, recorded) if recorded else []
+    owners = [i.int for i, o in zip(job_ids, outcomes, strict=True) if o is not None]
+    if [o.job_id.int for o in decoded_list] != owners:
+        raise ValueError("an outcome names another job than the row it is stored in")
+    decoded = iter(decoded_list)
     status_of = _JOB_STATUS
     return [
         Job(
@@ -1036,14 +1055,16 @@ def decode_job(row: Sequence[Any]) -> Job:
         and (parsed := _uuid_if_canonical(job_id)) is not None
     ):
         try:
-            return Job(
-                parent,
-                _decode_spec(spec),
-                id=JobId(parsed),
-                status=_JOB_STATUS[status],
-                attempt=attempt,
-                outcome=None if outcome is None else _decode_outcome(outcome),
-            )
+            recorded = None if outcome is None else _decode_outcome(outcome)
+            if recorded is None or recorded.job_id.int == parsed.int:  # else: of another job
+                return Job(
+                    parent,
+                    _decode_spec(spec),
+                    id=JobId(parsed),
+                    status=_JOB_STATUS[status],
+                    attempt=attempt,
+                    outcome=recorded,
+                )
         except (ValueError, *_UNREADABLE_JSON):
             pass
     return _checked_job(row)
@@ -1060,7 +1081,7 @@ def _checked_job(
     row: Sequence[Any], *, canonical: bool = True, errors: list[CorruptRowError] | None = None
 ) -> Job:
     r = _Reader("jobs", row, canonical=canonical, errors=errors)
-    outcome = None if row[5] is None else r.json(5, "outcome", _decode_outcome)
+    outcome = None if row[5] is None else r.outcome(5)
     return Job(
         r.uuid(1, "run_id"),
         r.json(2, "spec", _decode_spec),

@@ -768,6 +768,11 @@ async def test_a_job_whose_run_id_is_no_uuid_holds_off_counter_advice(db_path: P
         assert await store.check() == []
 
 
+# An outcome of the job a copied row copies (an outcome names its job: one naming another job
+# is a finding of its own).
+_OWN_OUTCOME: Final = "json_object('job_id', id, 'score', 0.5, 'output', '', 'error', NULL)"
+
+
 @pytest.mark.parametrize(
     "edits",
     [
@@ -781,10 +786,10 @@ async def test_a_job_whose_run_id_is_no_uuid_holds_off_counter_advice(db_path: P
         pytest.param(  # two copies of the queued job, each with an outcome the job lacks
             [
                 "INSERT INTO jobs SELECT upper(id), run_id, spec, 'done', attempt, "
-                "(SELECT outcome FROM jobs WHERE outcome IS NOT NULL) FROM jobs WHERE outcome "
+                f"{_OWN_OUTCOME} FROM jobs WHERE outcome "
                 "IS NULL",
                 "INSERT INTO jobs SELECT '{' || id || '}', run_id, spec, 'done', attempt, "
-                "(SELECT outcome FROM jobs WHERE outcome IS NOT NULL) FROM jobs WHERE outcome "
+                f"{_OWN_OUTCOME} FROM jobs WHERE outcome "
                 "IS NULL AND id NOT GLOB '*[A-F{]*'",
                 "UPDATE runs SET done_count = 3",
             ],
@@ -793,7 +798,7 @@ async def test_a_job_whose_run_id_is_no_uuid_holds_off_counter_advice(db_path: P
         pytest.param(  # the queued job's copy holds the only outcome; the job's run_id respelt
             [
                 "INSERT INTO jobs SELECT upper(id), run_id, spec, 'done', attempt, "
-                "(SELECT outcome FROM jobs WHERE outcome IS NOT NULL) FROM jobs WHERE outcome "
+                f"{_OWN_OUTCOME} FROM jobs WHERE outcome "
                 "IS NULL",
                 "UPDATE jobs SET run_id = upper(run_id) WHERE outcome IS NULL",
                 "UPDATE runs SET done_count = 2",
@@ -804,7 +809,7 @@ async def test_a_job_whose_run_id_is_no_uuid_holds_off_counter_advice(db_path: P
             [
                 _copy_runs("upper(id)"),
                 "INSERT INTO jobs SELECT '{' || id || '}', run_id, spec, 'done', attempt, "
-                "(SELECT outcome FROM jobs WHERE outcome IS NOT NULL) FROM jobs WHERE outcome "
+                f"{_OWN_OUTCOME} FROM jobs WHERE outcome "
                 "IS NULL",
                 "UPDATE jobs SET run_id = upper(run_id) WHERE outcome IS NULL",
                 "UPDATE runs SET done_count = 2 WHERE id = lower(id)",

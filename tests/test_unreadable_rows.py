@@ -98,6 +98,38 @@ async def test_json_nested_past_the_recursion_limit_is_a_corrupt_row(
         assert f"jobs.{column}" in problems[0].message
 
 
+async def test_an_outcome_naming_another_job_is_a_corrupt_row(db_path: Path) -> None:
+    """A recorded outcome whose job_id names another job (a hand edit, a row copied over
+    another) would be reported as this job's result: every read refuses it as a
+    CorruptRowError naming both jobs, one row or a batch, and check() reports it. The same
+    job's id in upper case is the same UUID, and reads as it is."""
+    run, jobs = await stored_run(db_path, job_count=12)  # beyond the batch decoders' threshold
+    job, other = jobs[3], jobs[4]
+    async with Store.connect(db_path) as store:
+        for each in jobs:
+            assert await store.record_job_outcome(run.id, JobOutcome(each.id, score=1.0))
+    with raw_db(db_path) as conn:
+        text = f'{{"job_id":"{other.id}","score":1.0}}'
+        conn.execute("UPDATE jobs SET outcome = ? WHERE id = ?", (text, str(job.id)))
+        upper = f'{{"job_id":"{str(other.id).upper()}","score":1.0}}'
+        conn.execute("UPDATE jobs SET outcome = ? WHERE id = ?", (upper, str(other.id)))
+    async with Store.connect(db_path, read_only=True) as store:
+        with pytest.raises(CorruptRowError, match=r"jobs\.outcome") as caught:
+            await store.get_job(job.id)
+        assert caught.value.row_id == str(job.id)
+        assert f"expected the outcome of job {job.id}" in str(caught.value)
+        assert f"it names job {other.id}" in str(caught.value)
+        with pytest.raises(CorruptRowError, match=r"jobs\.outcome") as caught:
+            await store.list_jobs(run.id)
+        assert caught.value.row_id == str(job.id)
+        read = await store.get_job(other.id)
+        assert read is not None
+        assert read.outcome == JobOutcome(other.id, score=1.0)
+        problems = await store.check()
+        assert [(p.table, p.row_id) for p in problems] == [("jobs", str(job.id))]
+        assert "names job" in problems[0].message
+
+
 async def test_recording_against_a_corrupt_run_changes_nothing(db_path: Path) -> None:
     """An outcome whose run cannot advance leaves the job undone: job and run move together."""
     run, (job,) = await stored_run(db_path, job_count=1)
