@@ -726,8 +726,10 @@ class _Connection(aiosqlite.Connection):
 # in a reference cycle (an exception that skipped close(), a loop closed without cancelling
 # its tasks) is collected with everything it holds, in any order, and on Python 3.13 a
 # connection finalized there warns of being left unclosed, nameless, before the store's own
-# finalizer has queued its close. And a forked child's copy is then never closed in the
-# child, which SQLite forbids as it forbids any use of a connection across fork().
+# finalizer has queued its close. And a forked child does not close its copy of the parent's
+# connection while it runs (SQLite forbids any use of a connection across fork(), a close
+# included; a child that exits through the interpreter's teardown, rather than os._exit as
+# multiprocessing's do, may still close it then).
 _OPEN: Final[set[sqlite3.Connection]] = set()
 
 
