@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
-from control_store import EvalJob, Job, Run, Store, _migrate
+from control_store import EvalJob, Job, Run, Store, _migrate, _sqlite
 
 BACKENDS = ["memory", "file"]
 
@@ -78,6 +80,45 @@ def raw_db(path: Path) -> Iterator[sqlite3.Connection]:
             yield conn
     finally:
         conn.close()
+
+
+def held_by_no_connection(path: Path) -> bool:
+    """Whether no connection (of this process or another) holds the database at ``path``:
+    leaving WAL mode needs every other connection closed."""
+    conn = sqlite3.connect(path, timeout=0)
+    try:
+        mode: tuple[str] = conn.execute("PRAGMA journal_mode = DELETE").fetchone()
+    except sqlite3.OperationalError:  # "database is locked"
+        return False
+    finally:
+        conn.close()
+    return mode == ("delete",)
+
+
+@dataclasses.dataclass
+class HeldStore:
+    """A store connected on a loop run by hand, its worker thread held by a call (``held``)
+    until ``hold`` is set: what is queued next waits behind it."""
+
+    store: Store
+    backend: _sqlite.SqliteBackend
+    worker: threading.Thread
+    hold: threading.Event
+    held: asyncio.Task[None]
+
+
+def held_store(loop: asyncio.AbstractEventLoop, path: Path) -> HeldStore:
+    """A HeldStore on ``loop`` (not running) for the database at ``path``."""
+    store = loop.run_until_complete(Store.connect(path))
+    backend = store._backend
+    assert backend is not None
+    hold = threading.Event()
+
+    async def hold_worker() -> None:
+        await backend.read(lambda conn: hold.wait(CALL_TIMEOUT))
+
+    held = loop.create_task(hold_worker())
+    return HeldStore(store, backend, backend._conn._thread, hold, held)
 
 
 def make_run(job_count: int = 3, *, created_at: datetime | None = None) -> Run:

@@ -16,7 +16,16 @@ import pytest
 
 from control_store import JobOutcome, JobStatus, Run, RunStatus, Store, _sqlite
 
-from conftest import CALL_TIMEOUT, group_in_flight, make_jobs, make_run, raw_db, sized
+from conftest import (
+    CALL_TIMEOUT,
+    group_in_flight,
+    held_by_no_connection,
+    held_store,
+    make_jobs,
+    make_run,
+    raw_db,
+    sized,
+)
 
 JOBS_PER_RUN = 10
 
@@ -639,11 +648,7 @@ async def test_a_connect_cancelled_while_it_waits_for_another_process_lock_retur
         holder.close()
     await asyncio.to_thread(worker.join, CALL_TIMEOUT)
     assert not worker.is_alive()
-    other = sqlite3.connect(db_path, timeout=0)
-    try:  # no connection of this process holds the file any more
-        assert other.execute("PRAGMA journal_mode = DELETE").fetchone() == ("delete",)
-    finally:
-        other.close()
+    assert held_by_no_connection(db_path)  # the connection was closed
 
 
 def test_a_close_cut_short_by_its_loop_ending_leaves_no_traceback_on_the_worker(
@@ -655,35 +660,22 @@ def test_a_close_cut_short_by_its_loop_ending_leaves_no_traceback_on_the_worker(
     result to the loop from the thread: a traceback on stderr)."""
     failures: list[threading.ExceptHookArgs] = []
     monkeypatch.setattr(threading, "excepthook", failures.append)
-    hold = threading.Event()
     loop = asyncio.new_event_loop()
     try:
-        store = loop.run_until_complete(Store.connect(db_path))
-        backend = store._backend
-        assert backend is not None
-        worker = backend._conn._thread
-
-        async def hold_worker(on: _sqlite.SqliteBackend) -> None:
-            await on.read(lambda conn: hold.wait(CALL_TIMEOUT))
-
-        held = loop.create_task(hold_worker(backend))
-        closing = loop.create_task(store.close())
+        on = held_store(loop, db_path)
+        closing = loop.create_task(on.store.close())
         for _ in range(100):  # until the close is queued behind the held call
             loop.run_until_complete(asyncio.sleep(0))
-            if not backend._conn._running:
+            if not on.backend._conn._running:
                 break
         # What asyncio.run does as it ends: cancel every task, let them finish, close.
-        for task in (held, closing):
+        for task in (on.held, closing):
             task.cancel()
-        loop.run_until_complete(asyncio.gather(held, closing, return_exceptions=True))
+        loop.run_until_complete(asyncio.gather(on.held, closing, return_exceptions=True))
     finally:
         loop.close()
-    hold.set()
-    worker.join(CALL_TIMEOUT)
-    assert not worker.is_alive()
+    on.hold.set()
+    on.worker.join(CALL_TIMEOUT)
+    assert not on.worker.is_alive()
     assert failures == []
-    other = sqlite3.connect(db_path, timeout=0)
-    try:  # the connection was closed
-        assert other.execute("PRAGMA journal_mode = DELETE").fetchone() == ("delete",)
-    finally:
-        other.close()
+    assert held_by_no_connection(db_path)  # the connection was closed

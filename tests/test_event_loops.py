@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import sqlite3
 import threading
 import warnings
 from collections.abc import Awaitable, Callable, Iterator
@@ -17,9 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from control_store import Job, Run, Store, WrongEventLoopError, _sqlite
+from control_store import Job, Run, Store, WrongEventLoopError
 
-from conftest import CALL_TIMEOUT, make_jobs, make_run, one_call_of_each_kind
+from conftest import (
+    CALL_TIMEOUT,
+    held_by_no_connection,
+    held_store,
+    make_jobs,
+    make_run,
+    one_call_of_each_kind,
+    raw_db,
+)
 
 
 def _calls(store: Store, run: Run) -> dict[str, Callable[[], Awaitable[object]]]:
@@ -200,11 +207,7 @@ def test_a_call_left_pending_by_a_loop_closed_without_cancelling_it_lets_its_wor
         loop.close()
     del task, loop
     assert _collect_until(lambda: not worker.is_alive())
-    other = sqlite3.connect(path, timeout=0)
-    try:  # no connection of this process holds the file any more
-        assert other.execute("PRAGMA journal_mode = DELETE").fetchone() == ("delete",)
-    finally:
-        other.close()
+    assert held_by_no_connection(path)  # the connection was closed
 
 
 def test_a_store_whose_loop_closed_without_cancelling_its_call_warns_when_dropped(
@@ -217,24 +220,15 @@ def test_a_store_whose_loop_closed_without_cancelling_its_call_warns_when_droppe
     run = make_run()
     loop = asyncio.new_event_loop()
     try:
-        store = loop.run_until_complete(Store.connect(path))
-        backend = store._backend
-        assert backend is not None
-        worker = backend._conn._thread
-        hold = threading.Event()
-        # Hold the worker, so that the write is still queued when the loop closes.
-
-        async def hold_worker(on: _sqlite.SqliteBackend) -> None:
-            await on.read(lambda conn: hold.wait(CALL_TIMEOUT))
-
-        held = loop.create_task(hold_worker(backend))
-        task = loop.create_task(store.insert_run(run))
+        on = held_store(loop, path)  # the write is still queued when the loop closes
+        worker = on.worker
+        task = loop.create_task(on.store.insert_run(run))
         loop.run_until_complete(asyncio.sleep(0))
         assert not task.done()
     finally:
         loop.close()
-    hold.set()
-    del store, backend, task, held, loop
+    on.hold.set()
+    del on, task, loop
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         assert _collect_until(lambda: not worker.is_alive())
@@ -243,8 +237,5 @@ def test_a_store_whose_loop_closed_without_cancelling_its_call_warns_when_droppe
     assert len(ours) == 1, ours
     assert "was never closed" in ours[0]
     assert str(path) in ours[0]
-    other = sqlite3.connect(path)
-    try:  # the write went on to commit before the worker ended
-        assert other.execute("SELECT id FROM runs").fetchall() == [(str(run.id),)]
-    finally:
-        other.close()
+    with raw_db(path) as conn:  # the write went on to commit before the worker ended
+        assert conn.execute("SELECT id FROM runs").fetchall() == [(str(run.id),)]
