@@ -152,10 +152,10 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
     def __init__(self, url: str | os.PathLike[str], options: dict[str, Any]) -> None:
         self._url = url
         self._options = options
-        # The stores opened by ``async with`` and not yet closed, per task, innermost last:
-        # one Store.connect(...) may be entered by several tasks at once, or nested in one,
-        # and each exit closes the store its own enter opened.
-        self._entered: dict[asyncio.Task[Any] | None, list[Store]] = {}
+        # The stores opened by ``async with`` and not yet closed, with the task that entered
+        # each, in the order entered: one Store.connect(...) may be entered by several tasks
+        # at once, or nested in one, and each exit closes the store its own enter opened.
+        self._entered: list[tuple[asyncio.Task[Any] | None, Store]] = []
         # The coroutine a task steps through send()/throw(); made at its first step, so a
         # Store.connect(...) never awaited or run leaves no "never awaited" warning behind.
         self._running: Coroutine[Any, Any, Store] | None = None
@@ -185,7 +185,7 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
 
     async def __aenter__(self) -> Store:
         store = await self._open()
-        self._entered.setdefault(asyncio.current_task(), []).append(store)
+        self._entered.append((asyncio.current_task(), store))
         return store
 
     async def __aexit__(
@@ -194,12 +194,13 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        # The innermost store this task entered; else the last entered by any task: an exit
+        # may run in another task than its enter (a pytest-asyncio fixture's teardown, an
+        # AsyncExitStack closed elsewhere), and an async with's exit must close a store.
         task = asyncio.current_task()
-        stores = self._entered.get(task)
-        if stores:
-            store = stores.pop()
-            if not stores:
-                del self._entered[task]
+        mine = [i for i, (entered_by, _) in enumerate(self._entered) if entered_by is task]
+        if self._entered:
+            _, store = self._entered.pop(mine[-1] if mine else -1)
             await store.close()
 
 

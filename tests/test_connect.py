@@ -135,6 +135,15 @@ async def test_one_connect_entered_by_two_tasks_and_nested_closes_each_store(
     assert outer.closed
 
 
+async def test_an_async_with_exited_in_another_task_closes_its_store(tmp_path: Path) -> None:
+    """An ``async with`` whose exit runs in another task than its enter (a pytest-asyncio
+    fixture's teardown, an AsyncExitStack closed elsewhere) still closes its store."""
+    connecting = Store.connect(tmp_path / "a.db")
+    store = await asyncio.create_task(connecting.__aenter__())
+    await asyncio.create_task(connecting.__aexit__(None, None, None))
+    assert store.closed
+
+
 async def test_a_thread_that_cannot_start_is_a_retryable_storage_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
