@@ -2294,8 +2294,10 @@ class SqliteBackend:
         self._settled.set()
         # write() refuses at once on a read-only store, and SQLite itself would too.
         self.read_only = options.read_only
-        # Set by note_unmigrated (migrate=False on an outdated schema), cleared by migrate().
-        self.unmigrated: PendingMigrationError | None = None
+        # Set by note_unmigrated (migrate=False on a schema this library cannot use as it is:
+        # behind, or with an edited, unknown or failed migration), cleared by migrate() or by
+        # refuse_unmigrated finding the file fit since.
+        self.unmigrated: MigrationError | None = None
         # A store belongs to the process and the event loop that opened it: see refuse_foreign.
         self._pid = _Process.pid
         self._loop = asyncio.get_running_loop()
@@ -2497,30 +2499,30 @@ class SqliteBackend:
         self._stop_if_drained()
 
     async def note_unmigrated(self) -> None:
-        """With migrate=False: note a schema behind this library's, so that calls are refused
-        with the fix (PendingMigrationError) until migrate() ran, instead of failing in SQL."""
+        """With migrate=False: note a schema this library cannot use as it is, so that calls
+        are refused with its fix until the file is fit, instead of failing in SQL or, on a
+        newer release's schema or a half-done migration, writing what this release cannot
+        vouch for: a schema behind this library's (PendingMigrationError: migrate() applies
+        the rest), or one holding an edited, unknown or failed migration (the error that
+        migrate() and a migrating connect would give, with its fix)."""
         try:
             await self.read(partial(check_schema, database=self._database, read_only=False))
-        except PendingMigrationError as exc:
+        except MigrationError as exc:
             self.unmigrated = exc
-        except MigrationError:
-            pass  # edited, unknown or failed migrations: migrate() explains them
 
     async def refuse_unmigrated(self) -> None:
-        """For a call on a store whose schema was behind (``unmigrated``): read the schema's
-        state again, and raise the PendingMigrationError that describes the file as it is now;
-        or, if another process has migrated it since, return (the call proceeds) and stop
-        refusing. Only this refusing path pays the read: a store whose schema was current
-        never comes here.
+        """For a call on a store whose schema was unfit (``unmigrated``): read the schema's
+        state again, and raise the MigrationError that describes the file as it is now; or,
+        if another process has migrated (or repaired) it since, return (the call proceeds)
+        and stop refusing. Only this refusing path pays the read: a store whose schema was
+        current never comes here.
 
         Not the error noted at connect: the file may have moved on since (another process
         migrating it, wholly or in part), and that error would describe it as it no longer is.
-        An edited, unknown or failed migration found now is raised as it is (the call cannot
-        proceed on it either), and the next call reads the state again.
         """
         try:
             await self.read(partial(check_schema, database=self._database, read_only=False))
-        except PendingMigrationError as exc:
+        except MigrationError as exc:
             self.unmigrated = exc
             raise
         self.unmigrated = None

@@ -237,8 +237,9 @@ class Store:
         survives a process crash), ``migrate`` (apply pending migrations at connect, default
         True; False leaves them to ``store.migrate()``, and calls raise
         ``PendingMigrationError`` until then, or until another process has migrated the file:
-        each refused call reads the schema's state again), ``read_only`` (default False; see
-        below).
+        each refused call reads the schema's state again; on a file holding an edited, unknown
+        or failed migration, calls raise the error a migrating connect gives), ``read_only``
+        (default False; see below).
 
         ``read_only=True`` opens an existing file for reading only, through SQLite's
         ``mode=ro``: it never creates the file (a missing one is a ``ConfigurationError``),
@@ -400,9 +401,9 @@ class Store:
         naming it when the walk reaches its page; an error leaves the walk where it was.
         ``page_size`` is checked here, when the walk is created (``InvalidInputError``). A
         walk is for one task: tasks sharing one may read the same page twice; start one each.
-        On a store opened with ``migrate=False`` whose schema is behind, the first page
-        raises ``PendingMigrationError`` (each page reads the schema's state afresh until it is
-        current, as every call does).
+        On a store opened with ``migrate=False`` whose schema is behind (or holds an edited,
+        unknown or failed migration), the first page raises the ``MigrationError`` (each page
+        reads the schema's state afresh until it is current, as every call does).
         """
         self._open()
         key = _id(run_id, what="run_id")
@@ -555,7 +556,8 @@ class Store:
         """Apply pending migrations, in order; return the versions applied ([]: none pending).
 
         Connect does this unless ``migrate=False``; on such a store, calls needing the schema
-        raise ``PendingMigrationError`` until this ran. Refused on a read-only store
+        raise ``PendingMigrationError`` until this ran (or the ``MigrationError`` of an edited,
+        unknown or failed migration, which this raises too). Refused on a read-only store
         (``ReadOnlyStoreError``).
         """
         backend = self._connected()

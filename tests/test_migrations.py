@@ -204,6 +204,37 @@ async def test_failed_migration_is_refused(db_path: Path) -> None:
         await Store.connect(db_path)
 
 
+@pytest.mark.parametrize(
+    ("edit", "error"),
+    [
+        (
+            f"INSERT INTO {TRACKING} VALUES (9999, 'from the future', 'x', 1, x'00', 0)",
+            UnknownMigrationError,
+        ),
+        (f"UPDATE {TRACKING} SET success = 0 WHERE version = 1", DirtyMigrationError),
+        (f"UPDATE {TRACKING} SET checksum = zeroblob(48) WHERE version = 1", MigrationChangedError),
+    ],
+    ids=["newer-release", "failed", "edited"],
+)
+async def test_migrate_false_refuses_calls_on_a_schema_it_cannot_vouch_for(
+    db_path: Path, edit: str, error: type[MigrationError]
+) -> None:
+    """migrate=False on a file holding a newer release's migration, a failed one or an edited
+    one connects, but every call that needs the schema raises the error a migrating connect
+    gives, with its fix, and writes nothing: this release cannot vouch for that schema."""
+    with raw_db(db_path) as conn:
+        conn.execute(edit)
+    with pytest.raises(error) as at_connect:
+        await Store.connect(db_path)
+    async with Store.connect(db_path, migrate=False) as store:
+        for call in (store.insert_run(make_run()), store.list_runs()):
+            with pytest.raises(error) as caught:
+                await call
+            assert str(caught.value) == str(at_connect.value)
+    with raw_db(db_path) as conn:
+        assert conn.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+
+
 async def test_migrate_false_leaves_a_fresh_file_pending(tmp_path: Path) -> None:
     """With migrate=False nothing is applied, and the status shows every migration pending."""
     path = tmp_path / "pending.db"
