@@ -1418,35 +1418,48 @@ def _replayable(items: Iterable[Any]) -> bool:
 
 def insert_jobs_op(jobs: Iterable[Job]) -> Op[int]:
     """The op inserting ``jobs``: a RunsOnce unless they can be read again (_replayable)."""
-    op = partial(op_insert_jobs, jobs)
-    return op if _replayable(jobs) else RunsOnce(op, type(jobs).__name__)
+    if _replayable(jobs):
+        return partial(op_insert_jobs, jobs)
+    return RunsOnce(jobs, type(jobs).__name__, one_shot=isinstance(jobs, Iterator))
 
 
 @dataclass(slots=True)
 class RunsOnce:
-    """An op that cannot run a second time: its first run consumed what it reads (the caller's
-    generator of jobs). A group never runs it again (see _Worker.apart).
+    """The insert of jobs that may not be read twice (anything but a list or a tuple: a
+    generator, or an iterable whose iterator may raise). A group never runs it again (see
+    _Worker.apart).
 
-    ``started`` is set as it starts: from then on the caller's iterable is consumed (at least
-    its first item taken: executemany pulls one before anything can fail), so an error must say
-    so (see told), or a caller retrying the same call with the same generator would insert only
-    what is left of it, or nothing, and succeed.
+    ``pulled`` is set when the insert takes the first job. From then on a ``one_shot``
+    iterable (an iterator: a generator, a map) is consumed, so an error must say so (see told),
+    or a caller retrying the same call with the same generator would insert only what is left
+    of it, or nothing, and succeed. Not before (the insert's statement failing as it is
+    prepared, a lock never taken); nor for an iterable that is not its own iterator (a set, a
+    deque), which reading leaves as it was.
     """
 
-    op: Op[int]
+    jobs: Iterable[Job]
     kind: str  # the type of the caller's iterable, as the error names it
-    started: bool = False
+    one_shot: bool
+    pulled: bool = False
 
     def __call__(self, conn: sqlite3.Connection) -> int:
-        self.started = True
-        return self.op(conn)
+        return op_insert_jobs(self._watched(), conn)
+
+    def _watched(self) -> Iterator[Job]:
+        """The jobs, noting when the first is taken; the rest at the pace of ``yield from``."""
+        jobs = iter(self.jobs)  # in the generator: what it raises reaches _pulled's guard
+        for job in jobs:
+            self.pulled = True
+            yield job
+            break
+        yield from jobs
 
     def told(self, error: BaseException) -> BaseException:
-        """``error`` as its caller gets it: once the op started, a ControlError of its own (a
-        copy: a group may hand one instance to several callers) that ends by saying the
-        iterable was consumed and how to retry; else ``error`` itself (a lock that was never
+        """``error`` as its caller gets it: once a one-shot iterable was consumed, a
+        ControlError of its own (a copy: a group may hand one instance to several callers)
+        that ends by saying so and how to retry; else ``error`` itself (a lock that was never
         taken, say, leaves the iterable as it was, and retrying with it is right)."""
-        if not self.started or not isinstance(error, ControlError):
+        if not (self.pulled and self.one_shot) or not isinstance(error, ControlError):
             return error  # the caller's own exception (RaisedByCaller's) is theirs to read
         told = copy.copy(error)
         told.args = (f"{error}{_CONSUMED.format(kind=self.kind)}",)

@@ -10,6 +10,8 @@ reading it (a lock never taken) does not, and the same generator then inserts ev
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import copy
 import sqlite3
 from collections.abc import Callable, Iterable
@@ -214,3 +216,44 @@ async def test_a_lock_never_taken_leaves_the_generator_unread(db_path: Path, gro
         assert "one-shot" not in str(failed)
         await store.insert_jobs(generator)
         assert await store.list_jobs(run.id) == jobs
+
+
+async def test_an_insert_that_fails_before_taking_a_job_says_nothing_of_its_generator(
+    db_path: Path,
+) -> None:
+    """The insert's statement failing as it is prepared (here the jobs table renamed by hand)
+    fails before the first job is taken: the error does not claim the generator was consumed,
+    and the generator still holds every job."""
+    run = make_run(job_count=3)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+    with contextlib.closing(sqlite3.connect(db_path)) as other, other:
+        other.execute("ALTER TABLE jobs RENAME TO jobs_moved")
+    async with Store.connect(db_path) as store:  # a connection that knows the schema as it is
+        jobs = make_jobs(run)
+        generator = (job for job in jobs)
+        with pytest.raises(ControlError) as caught:
+            await store.insert_jobs(generator)
+        assert "no such table: jobs" in str(caught.value)
+        assert RETRY_WITH_NEW not in str(caught.value)
+        assert list(generator) == jobs
+
+
+@pytest.mark.parametrize("kind", [set, collections.deque])
+async def test_a_collection_read_by_a_failed_insert_is_not_called_consumed(
+    store: Store, kind: Callable[[list[Job]], Iterable[Job]]
+) -> None:
+    """A collection that is not its own iterator (a set, a deque) is not consumed by being
+    read: a failed insert says nothing of it, and the same collection, retried once the cause
+    is gone, stores every job."""
+    run = make_run(job_count=3)
+    await store.insert_run(run)
+    jobs = make_jobs(run)
+    await store.insert_jobs(jobs[:1])
+    batch = kind(jobs)
+    with pytest.raises(AlreadyExistsError) as caught:
+        await store.insert_jobs(batch)
+    assert RETRY_WITH_NEW not in str(caught.value)
+    await store.insert_jobs(kind(jobs[1:]))
+    assert len(await store.list_jobs(run.id)) == 3
+    assert sorted(job.id for job in batch) == sorted(job.id for job in jobs)
