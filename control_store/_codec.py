@@ -616,12 +616,14 @@ def corrupt_row(
     value: object,
     why: str,
     fix: str = _BY_HAND,
+    *,
+    verdict: str = "which this version cannot read",
 ) -> CorruptRowError:
-    """The error for a stored value this version cannot read."""
+    """The error for a stored value this version cannot read (or, as ``verdict`` says, one it
+    reads but cannot be the row's)."""
     row = id_text(row_id)
     return CorruptRowError(
-        f"{table}.{column} of row {row} holds {shown(value)}, which this version "
-        f"cannot read ({why}); {fix}",
+        f"{table}.{column} of row {row} holds {shown(value)}, {verdict} ({why}); {fix}",
         table=table,
         column=column,
         row_id=row,
@@ -718,8 +720,10 @@ class _Reader:
         self.canonical = canonical
         self.errors = errors
 
-    def corrupt(self, column: str, value: object, why: str, fix: str = _BY_HAND) -> CorruptRowError:
-        return corrupt_row(self.table, column, self.row[0], value, why, fix)
+    def corrupt(
+        self, column: str, value: object, why: str, fix: str = _BY_HAND, **verdict: str
+    ) -> CorruptRowError:
+        return corrupt_row(self.table, column, self.row[0], value, why, fix, **verdict)
 
     @_collecting
     def uuid(self, index: int, column: str) -> uuid.UUID:
@@ -778,8 +782,11 @@ class _Reader:
             raise self.corrupt(
                 "outcome",
                 self.row[index],
-                f"expected the outcome of job {own}, the row's id, but it names job "
-                f"{recorded.job_id}",
+                f"it is the outcome of job {recorded.job_id}, and this row is job {own}: one "
+                "job's result would be reported as another's",
+                "repair the row by hand (the outcome of its own job, or NULL with status "
+                "'queued' to run the job again) or restore it from a backup",
+                verdict="which cannot be this row's",
             )
         return recorded
 

@@ -117,8 +117,10 @@ async def test_an_outcome_naming_another_job_is_a_corrupt_row(db_path: Path) -> 
         with pytest.raises(CorruptRowError, match=r"jobs\.outcome") as caught:
             await store.get_job(job.id)
         assert caught.value.row_id == str(job.id)
-        assert f"expected the outcome of job {job.id}" in str(caught.value)
-        assert f"it names job {other.id}" in str(caught.value)
+        assert "which cannot be this row's" in str(caught.value)
+        assert f"it is the outcome of job {other.id}, and this row is job {job.id}" in str(
+            caught.value
+        )
         with pytest.raises(CorruptRowError, match=r"jobs\.outcome") as caught:
             await store.list_jobs(run.id)
         assert caught.value.row_id == str(job.id)
@@ -127,7 +129,7 @@ async def test_an_outcome_naming_another_job_is_a_corrupt_row(db_path: Path) -> 
         assert read.outcome == JobOutcome(other.id, score=1.0)
         problems = await store.check()
         assert [(p.table, p.row_id) for p in problems] == [("jobs", str(job.id))]
-        assert "names job" in problems[0].message
+        assert f"it is the outcome of job {other.id}" in problems[0].message
 
 
 async def test_recording_against_a_corrupt_run_changes_nothing(db_path: Path) -> None:
