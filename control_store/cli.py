@@ -211,15 +211,18 @@ def _age(then: datetime, now: datetime) -> str:
 # "gpt-x\u200b" would show as the same row. Cs: a lone surrogate (from a byte an argument could
 # not decode) has no glyph. By category, from the running Python's Unicode database, so a format
 # character added to Unicode later is escaped too.
-_ESCAPED_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+# Zs, the spaces other than U+0020 (no-break, thin, ideographic, ogham): at the end of a
+# name, "gpt-x\u2009" would look like "gpt-x".
+_ESCAPED_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp", "Zs"})
 # And the other code points Unicode says to draw as nothing, though not of those categories
 # (DerivedCoreProperties.txt, Default_Ignorable_Code_Point, less its Cf members): the combining
 # grapheme joiner, the Khmer inherent vowels, the Mongolian free variation selectors, the Hangul
 # fillers, the variation selectors (U+FE00-FE0F, U+E0100-E01EF) and the code points reserved as
 # ignorable (U+2065, U+FFF0-FFF8, U+E0000-E0FFF): "gpt-x\ufe0f" would look like "gpt-x" too.
+# And U+2800, the braille pattern blank, a symbol that draws as a space.
 _IGNORABLE: Final = re.compile(
-    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2065\u3164\ufe00-\ufe0f\uffa0"
-    "\ufff0-\ufff8\U000e0000-\U000e0fff]"
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2065\u2800\u3164\ufe00-\ufe0f"
+    "\uffa0\ufff0-\ufff8\U000e0000-\U000e0fff]"
 )
 # Every character but printable ASCII: the candidates, each then judged by _escape_unsafe.
 _NOT_PRINTABLE_ASCII: Final = re.compile(r"[^\x20-\x7e]")
@@ -536,8 +539,9 @@ class _Tally:
     """One model's outcomes (or all of them), summed as jobs stream by, in O(1) memory.
 
     The mean is the exact mean rounded once: the exact sum divided by the count in one
-    int / int, which Python rounds correctly. So the mean of equal scores is that score, and a
-    mean always lies between the least and the greatest score, even where their sum is past
+    int / int, which Python rounds correctly. So the mean of equal scores is that score (a
+    -0.0 gives 0.0: the sum is an int), and a mean always lies between the least and the
+    greatest score, even where their sum is past
     the largest float (two scores of 1.7e308). ``math.fsum(scores) / len(scores)`` rounds twice,
     and can do neither: three scores of 5.174716367880626e16 have a mean of ...625e16 by it, and
     a sum past the largest float raises OverflowError. Min and max keep the first of equal
@@ -699,7 +703,12 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
 
 
 def _score(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
+    """A score for a table: three decimals, or three significant digits past a billion, where
+    three decimals would fill the column with up to 309 digits (a score near the float
+    limit)."""
+    if value is None:
+        return "-"
+    return f"{value:.3e}" if abs(value) >= 1e9 else f"{value:.3f}"
 
 
 def _describe(s: _Scores) -> str:

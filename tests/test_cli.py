@@ -410,7 +410,9 @@ def test_show_gives_the_mean_of_scores_whose_sum_is_past_the_largest_float(
     assert shown["models"]["m"]["mean_score"] == 1.7e308
     code, out, err = run_cli(capsys, "show", str(run.id), "--url", str(db_path))
     assert (code, err) == (0, "")
-    assert f"mean score {1.7e308:.3f} (min" in out
+    # Three significant digits past a billion: three decimals would be 309 digits wide.
+    assert "mean score 1.700e+308 (min 1.700e+308, max 1.700e+308)" in out
+    assert "m      2     2       1.700e+308  0" in out.splitlines()
 
 
 def _exact_mean(scores: list[float]) -> float:
@@ -494,8 +496,22 @@ def test_every_control_format_surrogate_and_separator_character_is_escaped() -> 
 
 def test_visible_text_is_shown_as_it_is() -> None:
     """_printable keeps letters, marks, symbols and spaces of any script as they are."""
-    for text in ("évals/日本語.yaml", "modèle-ñ", "délai dépassé ⏱", "a\u00a0b", "e\u0301", "👍"):
+    for text in ("évals/日本語.yaml", "modèle-ñ", "délai dépassé ⏱", "a b", "e\u0301", "👍"):
         assert cli._printable(text) == text
+
+
+def test_spaces_other_than_the_plain_space_and_blank_symbols_are_escaped() -> None:
+    """A no-break, thin, ideographic or ogham space, or the braille blank, looks like a plain
+    space or like nothing: "gpt x" and "gpt\u00a0x", or "gpt-x" and "gpt-x\u2009", would show
+    the same. They are shown as escapes."""
+    for char, shown in [
+        ("\u00a0", "\\xa0"),
+        ("\u2009", "\\u2009"),
+        ("\u3000", "\\u3000"),
+        ("\u1680", "\\u1680"),
+        ("\u2800", "\\u2800"),
+    ]:
+        assert cli._printable(f"gpt{char}x") == f"gpt{shown}x"
 
 
 def test_names_that_differ_by_an_invisible_character_show_differently(
