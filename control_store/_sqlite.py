@@ -1461,21 +1461,25 @@ class RunsOnce:
         taken, say, leaves the iterable as it was, and retrying with it is right)."""
         if not (self.pulled and self.one_shot) or not isinstance(error, ControlError):
             return error  # the caller's own exception (RaisedByCaller's) is theirs to read
-        told = copy.copy(error)
-        told.args = (f"{error}{_CONSUMED.format(kind=self.kind)}",)
-        told.__cause__ = error.__cause__
-        return told
+        return consumed(error, self.kind, items="jobs", verb="insert")
 
 
-# The end of an insert_jobs error once the one-shot iterable it was given has been consumed:
-# whatever the error says to do, retrying with that same iterable would insert only what is
-# left of it (nothing, for a generator run to its end) and succeed, leaving the run short of
-# jobs, which nothing reports (a run's jobs may legitimately come in later calls).
-_CONSUMED: Final = (
-    ". The jobs came as a one-shot iterable ({kind}), and this failed attempt consumed it: a "
-    "retry must pass a new iterable of the same jobs (make the generator again, or pass a "
-    "list), not this one, which would insert only the jobs it has left, or none"
-)
+def consumed(error: ControlError, kind: str, *, items: str, verb: str) -> ControlError:
+    """``error`` of a batch call whose one-shot iterable (of ``kind``) the failed attempt
+    consumed, as its caller gets it: a copy (a group may hand one instance to several callers)
+    whose message ends by saying so, and how to retry. Whatever the error says to do, retrying
+    with that same iterable would ``verb`` only what is left of it (nothing, for a generator
+    run to its end) and succeed: a run short of jobs, which nothing reports (a run's jobs may
+    legitimately come in later calls), or outcomes never recorded."""
+    told = copy.copy(error)
+    told.args = (
+        f"{error}. The {items} came as a one-shot iterable ({kind}), and this failed attempt "
+        f"consumed it: a retry must pass a new iterable of the same {items} (make the "
+        f"generator again, or pass a list), not this one, which would {verb} only the {items} "
+        "it has left, or none",
+    )
+    told.__cause__ = error.__cause__
+    return told
 
 
 def guarded(items: Iterable[T]) -> Iterable[T]:

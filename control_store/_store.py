@@ -16,6 +16,7 @@ from . import _codec, _sqlite
 from ._show import shown, typed
 from .errors import (
     ConfigurationError,
+    ControlError,
     InvalidInputError,
     ReadOnlyStoreError,
     StoreClosedError,
@@ -470,7 +471,9 @@ class Store:
         a redelivery (including a job id that appears earlier in the same batch: the first
         occurrence wins and the job counts once). All or nothing: an outcome for an unknown job
         (``NotFoundError``) or another run's job (``WrongRunError``), or one that cannot be
-        stored (``InvalidInputError``), records none of the batch.
+        stored (``InvalidInputError``), records none of the batch. The whole batch is read
+        before anything is written: any error of a call given an iterator (a generator) says
+        that it was consumed, since a retry with it would record nothing, and succeed.
         """
         backend = self._writable("record_job_outcomes")
         if backend.unmigrated is not None:
@@ -483,22 +486,34 @@ class Store:
             single="wrap a single outcome in a list, or call record_job_outcome",
         )
         # Encoded here, before the hop: a bad outcome anywhere fails the call with nothing sent.
+        # That reads the whole batch: an iterator's every error from here on says it was
+        # consumed (see _sqlite.consumed), or a retry with it would record nothing, and succeed.
+        one_shot = isinstance(outcomes, Iterator)
         rows: list[tuple[str, str]] = []
         raised: Exception | None = None
+        failed: ControlError | None = None
         try:
             rows.extend(map(_codec.outcome_params, _sqlite.guarded(outcomes)))  # one by one
         except InvalidInputError as exc:  # the codec's, refusing the item after those in rows
             _codec.in_batch(exc, "outcomes", len(rows))
-            raise
+            failed = exc
         except _sqlite.RaisedByCaller as exc:
             raised = exc.raised
         if raised is not None:  # raised here, outside the handler, it keeps its own context
             raise raised
-        if not rows:  # nothing to send; refused where any call would be
+        if not rows and failed is None:  # nothing to send; refused where any call would be
             backend.admit()
             return []
-        op = partial(_sqlite.op_record_outcomes, run_key, rows)
-        return await backend.write(op, small=len(rows) <= _SMALL_BATCH)
+        try:
+            if failed is not None:
+                raise failed
+            op = partial(_sqlite.op_record_outcomes, run_key, rows)
+            return await backend.write(op, small=len(rows) <= _SMALL_BATCH)
+        except ControlError as exc:
+            if not one_shot:
+                raise
+            told = _sqlite.consumed(exc, type(outcomes).__name__, items="outcomes", verb="record")
+        raise told from told.__cause__  # outside the handler: the error alone, as raised
 
     async def list_runs(
         self, *, status: RunStatus | None = None, limit: int | None = None

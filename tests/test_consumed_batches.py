@@ -26,6 +26,7 @@ from control_store import (
     DatabaseBusyError,
     InvalidInputError,
     Job,
+    JobOutcome,
     MissingRunError,
     Run,
     StorageError,
@@ -257,3 +258,64 @@ async def test_a_collection_read_by_a_failed_insert_is_not_called_consumed(
     await store.insert_jobs(kind(jobs[1:]))
     assert len(await store.list_jobs(run.id)) == 3
     assert sorted(job.id for job in batch) == sorted(job.id for job in jobs)
+
+
+RETRY_OUTCOMES = "a retry must pass a new iterable of the same outcomes"
+
+
+async def test_record_job_outcomes_of_a_generator_says_it_was_consumed(db_path: Path) -> None:
+    """record_job_outcomes reads its whole batch before it writes: when the write then fails
+    (here a lock held past busy_timeout, retryable), the error says the generator was consumed
+    and the retry needs a new one, which records every outcome; the same batch as a list gets
+    no such note, and retrying with the list itself works."""
+    async with Store.connect(db_path, busy_timeout=0.05) as store:
+        run = make_run(job_count=3)
+        await store.insert_run(run)
+        jobs = make_jobs(run)
+        await store.insert_jobs(jobs)
+        outcomes = [JobOutcome(job.id, score=1.0) for job in jobs]
+        other = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            with pytest.raises(DatabaseBusyError) as from_generator:
+                await store.record_job_outcomes(run.id, (o for o in outcomes))
+            with pytest.raises(DatabaseBusyError) as from_list:
+                await store.record_job_outcomes(run.id, outcomes)
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert from_generator.value.retryable
+        assert "one-shot iterable (generator)" in str(from_generator.value)
+        assert RETRY_OUTCOMES in str(from_generator.value)
+        assert isinstance(from_generator.value.__cause__, sqlite3.Error)
+        assert RETRY_OUTCOMES not in str(from_list.value)
+        assert await store.record_job_outcomes(run.id, (o for o in outcomes)) == [True] * 3
+        assert await store.record_job_outcomes(run.id, outcomes) == [False] * 3
+
+
+async def test_record_job_outcomes_refusing_an_item_of_a_generator_says_it_was_consumed(
+    store: Store,
+) -> None:
+    """An outcome the store cannot keep, taken from a generator, refuses the batch, naming the
+    item; the generator gave up the items before it and that one, so the error says so too.
+    What the generator raises itself still reaches the caller as it is."""
+    run = make_run(job_count=2)
+    await store.insert_run(run)
+    jobs = make_jobs(run)
+    await store.insert_jobs(jobs)
+    good = JobOutcome(jobs[0].id, score=1.0)
+    bad = JobOutcome(jobs[1].id, score=float("nan"))
+    with pytest.raises(InvalidInputError, match="finite") as caught:
+        await store.record_job_outcomes(run.id, iter([good, bad]))
+    assert "one-shot iterable (list_iterator)" in str(caught.value)
+    assert RETRY_OUTCOMES in str(caught.value)
+    own = ValueError("the worker's own feed broke")
+
+    def feed() -> Iterable[JobOutcome]:
+        yield good
+        raise own
+
+    with pytest.raises(ValueError, match="feed broke") as raised:
+        await store.record_job_outcomes(run.id, feed())
+    assert raised.value is own
+    assert (await store.get_run(run.id)) == run  # nothing recorded by either
