@@ -784,8 +784,9 @@ class _Reader:
                 self.row[index],
                 f"it is the outcome of job {recorded.job_id}, and this row is job {own}: one "
                 "job's result would be reported as another's",
-                "repair the row by hand (the outcome of its own job, or NULL with status "
-                "'queued' to run the job again) or restore it from a backup",
+                "give the row its own job's outcome, or restore it from a backup; with "
+                "neither to be had, set its outcome to NULL and its status to 'queued' (the "
+                "job runs again), then check again: its run's counters change with it",
                 verdict="which cannot be this row's",
             )
         return recorded

@@ -195,13 +195,16 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # The innermost store this task entered; else the last entered by any task: an exit
-        # may run in another task than its enter (a pytest-asyncio fixture's teardown, an
-        # AsyncExitStack closed elsewhere), and an async with's exit must close a store.
+        # The innermost store this task entered. An exit may run in another task than its
+        # enter (a pytest-asyncio fixture's teardown, an AsyncExitStack closed elsewhere):
+        # then the last store entered by a task that has ended, whose block can no longer
+        # exit itself; else the last entered by any task. An async with's exit must close one.
         task = asyncio.current_task()
-        mine = [i for i, (entered_by, _) in enumerate(self._entered) if entered_by is task]
-        if self._entered:
-            _, store = self._entered.pop(mine[-1] if mine else -1)
+        entered = self._entered
+        mine = [i for i, (by, _) in enumerate(entered) if by is task]
+        ended = [i for i, (by, _) in enumerate(entered) if by is None or by.done()]
+        if entered:
+            _, store = entered.pop((mine or ended or [-1])[-1])
             await store.close()
 
 

@@ -232,9 +232,15 @@ def _printable(text: str) -> str:
     """``text`` with every character that could drive the terminal, reorder the line or draw as
     nothing shown as its escape (\\n, \\x1b, \\x85, \\u200b, \\U000e0041), for output meant for
     a person; JSON escapes control characters itself, and keeps the rest as stored."""
-    if text.isascii() and text.isprintable():  # the common case: nothing to look up
-        return text
-    return _NOT_PRINTABLE_ASCII.sub(_escape_unsafe, text)
+    if not (text.isascii() and text.isprintable()):  # else, the common case: nothing to look up
+        text = _NOT_PRINTABLE_ASCII.sub(_escape_unsafe, text)
+    if text[:1] == " " or text[-1:] == " ":
+        # A space at either end vanishes in a padded cell: "gpt-x " would show as "gpt-x".
+        core = text.strip(" ")
+        lead = len(text) - len(text.lstrip(" ")) if core else len(text)
+        trail = len(text) - len(text.rstrip(" ")) if core else 0
+        text = "\\x20" * lead + core + "\\x20" * trail
+    return text
 
 
 def _escape_unsafe(match: re.Match[str]) -> str:
@@ -703,8 +709,8 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
 
 
 def _score(value: float | None) -> str:
-    """A score for a table: three decimals, or three significant digits past a billion, where
-    three decimals would fill the column with up to 309 digits (a score near the float
+    """A score for a table: three decimals, or in scientific notation from a billion up,
+    where three decimals would fill the column with up to 309 digits (a score near the float
     limit)."""
     if value is None:
         return "-"

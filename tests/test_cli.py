@@ -500,6 +500,16 @@ def test_visible_text_is_shown_as_it_is() -> None:
         assert cli._printable(text) == text
 
 
+def test_a_plain_space_at_either_end_is_escaped() -> None:
+    """A plain space at either end of a text vanishes in a padded cell ("gpt-x " would show as
+    "gpt-x"): it is escaped there, and only there."""
+    assert cli._printable("gpt-x ") == "gpt-x\\x20"
+    assert cli._printable("  gpt x") == "\\x20\\x20gpt x"
+    assert cli._printable(" \u200b ") == "\\x20\\u200b\\x20"
+    assert cli._printable("   ") == "\\x20" * 3
+    assert cli._printable("") == ""
+
+
 def test_spaces_other_than_the_plain_space_and_blank_symbols_are_escaped() -> None:
     """A no-break, thin, ideographic or ogham space, or the braille blank, looks like a plain
     space or like nothing: "gpt x" and "gpt\u00a0x", or "gpt-x" and "gpt-x\u2009", would show

@@ -144,6 +144,37 @@ async def test_an_async_with_exited_in_another_task_closes_its_store(tmp_path: P
     assert store.closed
 
 
+async def test_an_exit_from_another_task_closes_the_store_of_the_task_that_ended(
+    tmp_path: Path,
+) -> None:
+    """A teardown task exits a block entered by a task that has since ended, while another
+    task's block on the same Store.connect(...) is still open: the ended task's store is
+    closed, and the open block's store goes on working until its own exit."""
+    connecting = Store.connect(tmp_path / "a.db")
+    stack = contextlib.AsyncExitStack()
+
+    async def set_up() -> Store:
+        return await stack.enter_async_context(connecting)
+
+    fixture = await asyncio.create_task(set_up())
+    inside = asyncio.Event()
+    leave = asyncio.Event()
+
+    async def working() -> None:
+        async with connecting as store:
+            inside.set()
+            await leave.wait()
+            await store.insert_run(make_run())  # still open after the teardown
+        assert _closed(store)
+
+    worker = asyncio.create_task(working())
+    await inside.wait()
+    await asyncio.create_task(stack.aclose())  # the teardown, in a task of its own
+    assert fixture.closed
+    leave.set()
+    await worker
+
+
 async def test_a_thread_that_cannot_start_is_a_retryable_storage_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -130,6 +130,12 @@ async def test_an_outcome_naming_another_job_is_a_corrupt_row(db_path: Path) -> 
         problems = await store.check()
         assert [(p.table, p.row_id) for p in problems] == [("jobs", str(job.id))]
         assert f"it is the outcome of job {other.id}" in problems[0].message
+        assert "give the row its own job's outcome" in problems[0].message
+    with raw_db(db_path) as conn:  # the repair: the row's own job's outcome
+        own = f'{{"job_id":"{job.id}","score":1.0}}'
+        conn.execute("UPDATE jobs SET outcome = ? WHERE id = ?", (own, str(job.id)))
+    async with Store.connect(db_path, read_only=True) as store:
+        assert await store.check() == []
 
 
 async def test_recording_against_a_corrupt_run_changes_nothing(db_path: Path) -> None:
