@@ -32,10 +32,7 @@ _decode_outcome: Final = msgspec.json.Decoder(JobOutcome).decode
 # msgspec.ValidationError.
 _convert: Final = msgspec.convert
 _DATETIMES: Final = list[datetime]
-# Batch decoding: a column of JSON texts joined into one JSON array, decoded in one C call.
-_decode_model_lists: Final = msgspec.json.Decoder(list[list[str]]).decode
-_decode_specs: Final = msgspec.json.Decoder(list[EvalJob]).decode
-_decode_outcomes: Final = msgspec.json.Decoder(list[JobOutcome]).decode
+# Batch decoding: a column at a time, each step a C call over the whole column.
 _UUIDS: Final = list[uuid.UUID]
 _ONLY_INT: Final = {int}
 _ONLY_STR: Final = {str}
@@ -881,7 +878,7 @@ def _runs_of_columns(
     run_ids = _convert(ids, _UUIDS)
     if not _canonical_column(ids):
         raise ValueError("an id is not canonical UUID text")
-    model_lists = _json_column(_decode_model_lists, models)  # a text that is not str: TypeError
+    model_lists = _json_column(_decode_models, models)
     times = _convert(created, _DATETIMES)
     return [
         Run(m, ml, e, j, id=i, status=s, created_at=c, done_count=d)
@@ -900,13 +897,13 @@ def _runs_of_columns(
 
 
 def _json_column(decode: Any, texts: Sequence[str]) -> list[Any]:
-    """Decode a column of JSON texts as one array. If a text held more or fewer than one value
-    (say '["a"],["b"]'), the count differs: ValueError, and the caller goes row by row. (A text
-    can hold zero values only by being empty or blank, which breaks the array's JSON.)"""
-    values: list[Any] = decode("[" + ",".join(texts) + "]")
-    if len(values) != len(texts):
-        raise ValueError("a JSON text holds more than one value")
-    return values
+    """Decode a column of JSON texts, each on its own, in C calls (map): what a text holds that
+    the per-row decoder refuses raises here too, and the caller goes row by row.
+
+    Not as one array of the texts joined by commas, which took 0-20% less time but let crafted
+    texts make up values: one opening a string that the next closes, with a third holding two
+    values to keep the count, read as values no row holds."""
+    return list(map(decode, texts))
 
 
 def decode_run(row: Sequence[Any]) -> Run:
@@ -1024,9 +1021,9 @@ def _jobs_of_columns(columns: list[tuple[Any, ...]]) -> list[Job]:
         canonical = _canonical_column(run_ids)
     if not canonical or not _canonical_column(ids):
         raise ValueError("an id is not canonical UUID text")
-    spec_list = _json_column(_decode_specs, specs)
+    spec_list = _json_column(_decode_spec, specs)
     recorded = [o for o in outcomes if o is not None]
-    decoded_list: list[JobOutcome] = _json_column(_decode_outcomes, recorded) if recorded else []
+    decoded_list: list[JobOutcome] = _json_column(_decode_outcome, recorded)
     owners = [i.int for i, o in zip(job_ids, outcomes, strict=True) if o is not None]
     if [o.job_id.int for o in decoded_list] != owners:
         raise ValueError("an outcome names another job than the row it is stored in")

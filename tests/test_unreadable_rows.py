@@ -138,6 +138,45 @@ async def test_an_outcome_naming_another_job_is_a_corrupt_row(db_path: Path) -> 
         assert await store.check() == []
 
 
+@pytest.mark.parametrize("table", ["jobs", "runs"])
+async def test_texts_crafted_to_join_into_other_values_are_refused_in_a_batch_too(
+    db_path: Path, table: str
+) -> None:
+    """Three JSON cells edited so that, joined into one array, they would read as three other
+    values (one opens a string the next closes, the third holds two values): a batch read
+    (list_jobs, iter_jobs, list_runs, beyond the batch decoders' threshold) refuses the first
+    as a one-row read does, instead of making up values no row holds."""
+    run, jobs = await stored_run(db_path, job_count=12)
+    runs = [run, *(make_run() for _ in range(11))]
+    async with Store.connect(db_path) as store:
+        for other in runs[1:]:
+            await store.insert_run(other)
+    if table == "jobs":
+        column, rows = "spec", [str(job.id) for job in jobs[:3]]
+        texts = [
+            '{"model":"m","sample_id":"s0',
+            '","epoch":0}',
+            '{"model":"m","sample_id":"a","epoch":0},{"model":"m","sample_id":"b","epoch":0}',
+        ]
+    else:
+        # Adjacent in list_runs' order, newest first.
+        column, rows = "models", [str(each.id) for each in runs[:-4:-1]]
+        texts = ['["a","b', '"]', '["x"],["y"]']
+    with raw_db(db_path) as conn:
+        for row_id, text in zip(rows, texts, strict=True):
+            conn.execute(f"UPDATE {table} SET {column} = ? WHERE id = ?", (text, row_id))
+    async with Store.connect(db_path, read_only=True) as store:
+        batch = store.list_jobs(run.id) if table == "jobs" else store.list_runs()
+        with pytest.raises(CorruptRowError) as caught:
+            await batch
+        assert (caught.value.table, caught.value.column) == (table, column)
+        assert caught.value.row_id in rows
+        if table == "jobs":
+            with pytest.raises(CorruptRowError):
+                async for _ in store.iter_jobs(run.id, page_size=100):
+                    pass
+
+
 async def test_recording_against_a_corrupt_run_changes_nothing(db_path: Path) -> None:
     """An outcome whose run cannot advance leaves the job undone: job and run move together."""
     run, (job,) = await stored_run(db_path, job_count=1)
