@@ -310,7 +310,7 @@ class Store:
     def _open(self) -> _sqlite.SqliteBackend:
         """The backend, for a call that needs this library's schema: refused on a closed store.
 
-        On a store opened with migrate=False whose schema was behind (``backend.unmigrated``),
+        On a store opened with migrate=False whose schema was unfit (``backend.unmigrated``),
         the call must then ``await backend.refuse_unmigrated()``, which reads the schema's
         state again (another process may have migrated the file since): that takes a read, so
         it cannot be done here, and every async call does it right after this one. Only the
@@ -358,10 +358,10 @@ class Store:
         """Store jobs in one transaction: all of them, or none on any error.
 
         Any iterable works, a generator included; it is consumed on the store's worker thread,
-        in bounded memory, so it must not touch the event loop. A call that fails after it
-        began reading a one-shot iterable (anything but a list or tuple) says so in its error,
-        whatever its class: a retry must pass a new iterable of the same jobs, since the
-        consumed one would insert only what it has left.
+        in bounded memory, so it must not touch the event loop. A call given an iterator (a
+        generator) that fails after it took a job says so in its error, whatever its class: a
+        retry must pass a new iterable of the same jobs, since the consumed one would insert
+        only what it has left.
         """
         backend = self._writable("insert_jobs")
         if backend.unmigrated is not None:
