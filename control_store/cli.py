@@ -319,11 +319,39 @@ def _given_url(args: argparse.Namespace) -> list[str]:
 
 
 def _command(*argv: str) -> str:
-    """A command line to suggest, quoted for a POSIX shell (shlex), so that it works when
+    """A command line to suggest, quoted for a POSIX shell (_shell_join), so that it works when
     pasted: a URL with a space or a quote stays one argument. Framed in single quotes, or in
     double quotes when it holds one (as repr frames a string)."""
-    line = shlex.join([PROG, *argv])
+    line = _shell_join([PROG, *argv])
     return f'"{line}"' if "'" in line else f"'{line}'"
+
+
+def _shell_join(argv: Sequence[str]) -> str:
+    """``argv`` quoted for a POSIX shell: as shlex does, but an argument holding a character
+    that is not printable (a tab, a newline in a path) made by printf, "$(printf '...')",
+    with the character as an octal escape: shlex would keep it raw inside single quotes, where
+    the message's one line shows a tab as \\t (which a shell does not expand) and a newline
+    as a space. (Not bash's $'...': dash, many systems' /bin/sh, has no such quotes.)"""
+    return " ".join(shlex.quote(arg) if arg.isprintable() else _printf_quote(arg) for arg in argv)
+
+
+def _printf_quote(arg: str) -> str:
+    """``arg`` as a shell word that printf makes: its format's escapes are POSIX (\\\\,
+    %%, \\ddd octal, one per byte of a character's UTF-8), and a quote closes, escapes and
+    reopens the single quotes around it."""
+    escaped = "".join(
+        "\\\\"
+        if char == "\\"
+        else "%%"
+        if char == "%"
+        else "'\\''"
+        if char == "'"
+        else char
+        if char.isprintable()
+        else "".join(f"\\{byte:03o}" for byte in char.encode("utf-8", "surrogateescape"))
+        for char in arg
+    )
+    return f"\"$(printf -- '{escaped}')\""
 
 
 def _shown(args: argparse.Namespace) -> str:
@@ -918,7 +946,7 @@ def _summarise_demo(
     for check in checks:
         out.print(f"  {out.mark(check.ok)} {check.name}: {check.detail}")
     if ok:
-        url = f" {shlex.join(where)}" if where else ""
+        url = f" {_shell_join(where)}" if where else ""
         out.print(f"look inside: {PROG} runs{url}   then   {PROG} show <RUN ID>{url}")
 
 

@@ -787,14 +787,17 @@ def _suggested(line: str, before: str) -> str:
     return match.group(2)
 
 
-@pytest.mark.parametrize("name", ["my dir/o ld.db", "it's here/o.db"])
+@pytest.mark.parametrize(
+    "name", ["my dir/o ld.db", "it's here/o.db", "t\tab 50%/o.db", "new\nline/-o\u200b.db"]
+)
 @pytest.mark.parametrize("empty", [True, False], ids=["empty-file", "missing-file"])
 def test_a_suggested_command_works_when_pasted_into_a_shell(
     tmp_path: Path, name: str, empty: bool
 ) -> None:
-    """The migrate command an error suggests names the --url given, quoted for the shell: with
-    a space or a quote in the path, pasted as printed it creates that database (not the
-    default one), and the failed command then works."""
+    """The migrate command an error suggests names the --url given, quoted for the shell
+    (/bin/sh, dash here): with a space, a quote, a tab, a newline or an invisible character in
+    the path, pasted as printed it creates that database (not the default one, nor one named
+    otherwise), and the failed command then works."""
     path = tmp_path / name
     path.parent.mkdir()
     if empty:
