@@ -1004,8 +1004,8 @@ def configure_read_only(conn: sqlite3.Connection, *, path: str, options: Options
     try:
         if options.check_schema:
             check_schema(conn, database=database)
-        else:
-            conn.execute(SELECT_TRACKING_EXISTS, (_migrate.TRACKING_TABLE,)).fetchone()
+        else:  # any version (migration_status), but not another application's database
+            _refuse_foreign_database(conn, database)
     except sqlite3.Error as exc:
         explained = _explain_unreadable(exc, path=path, database=database)
         if explained is None:
