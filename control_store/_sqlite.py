@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import math
 import operator
 import os
 import re
@@ -915,6 +916,12 @@ def _settle_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
 WAL_SIZE_LIMIT: Final = 64 * 1024 * 1024
 
 
+def _milliseconds(seconds: float) -> int:
+    """busy_timeout as SQLite takes it, whole milliseconds, rounded up: a wait asked for, however
+    short, is at least 1 ms, never 0 (no wait at all)."""
+    return math.ceil(seconds * 1000)
+
+
 def configure(conn: sqlite3.Connection, *, file: bool, options: Options, database: str) -> None:
     """Set the connection's pragmas, outside any transaction, in the order that works.
 
@@ -922,7 +929,7 @@ def configure(conn: sqlite3.Connection, *, file: bool, options: Options, databas
     WAL for files: concurrent first openers can fail switching to WAL, so check and retry.
     Before any change, a file that is another application's database is refused.
     """
-    conn.execute(f"PRAGMA busy_timeout = {int(options.busy_timeout * 1000)}")
+    conn.execute(f"PRAGMA busy_timeout = {_milliseconds(options.busy_timeout)}")
     conn.execute("PRAGMA foreign_keys = ON")
     if file:
         _refuse_foreign_database(conn, database)
@@ -998,7 +1005,7 @@ def configure_read_only(conn: sqlite3.Connection, *, path: str, options: Options
     The schema check is the connection's first read of the file: in WAL mode that is where
     SQLite needs the -shm file, so its failure is explained here (see _explain_unreadable).
     """
-    conn.execute(f"PRAGMA busy_timeout = {int(options.busy_timeout * 1000)}")
+    conn.execute(f"PRAGMA busy_timeout = {_milliseconds(options.busy_timeout)}")
     conn.execute("PRAGMA query_only = ON")
     database = f"database {path!r}"
     try:

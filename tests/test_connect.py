@@ -193,6 +193,21 @@ async def test_a_thread_that_cannot_start_is_a_retryable_storage_error(
     assert not (tmp_path / "a.db").exists()
 
 
+@pytest.mark.parametrize(("seconds", "milliseconds"), [(0.0004, 1), (2.5, 2500), (0, 0)])
+async def test_busy_timeout_is_rounded_up_to_whole_milliseconds(
+    tmp_path: Path, seconds: float, milliseconds: int
+) -> None:
+    """SQLite waits in whole milliseconds: a busy_timeout under one is one, not 0 (no wait)."""
+    for read_only in (False, True):
+        async with Store.connect(
+            tmp_path / "a.db", busy_timeout=seconds, read_only=read_only
+        ) as store:
+            backend = store._backend
+            assert backend is not None
+            rows = await backend.read(lambda conn: conn.execute("PRAGMA busy_timeout").fetchall())
+            assert rows == [(milliseconds,)]
+
+
 @pytest.mark.parametrize(
     ("url", "match"),
     [
