@@ -13,6 +13,7 @@ import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
@@ -99,6 +100,16 @@ def load_migrations(backend: str, directory: Path | None = None) -> list[Migrati
     return [found[v] for v in sorted(found)]
 
 
+def restore_row_sql(migration: Migration) -> str:
+    """The INSERT that puts back ``migration``'s lost tracking row, as applied now."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # the store's fixed width
+    return (
+        f"INSERT INTO {TRACKING_TABLE} (version, description, installed_on, success, checksum, "
+        f"execution_time) VALUES ({migration.version}, '{migration.description}', '{now}', 1, "
+        f"X'{migration.checksum.hex()}', 0)"
+    )
+
+
 def pending(
     known: Sequence[Migration], applied: Iterable[AppliedMigration], *, database: str
 ) -> list[Migration]:
@@ -114,8 +125,11 @@ def pending(
         if not row.success:
             raise DirtyMigrationError(
                 f"migration {row.version} ({row.description}) of {database} is recorded as "
-                f"failed; inspect the schema, repair it, then delete that row from "
-                f"{TRACKING_TABLE} to run it again"
+                f"failed; inspect the schema: if what the migration makes is all there, mark "
+                f"it done (UPDATE {TRACKING_TABLE} SET success = 1 WHERE version = "
+                f"{row.version}); if none of it is, and no later migration is recorded, delete "
+                "that row to run it again; else repair the schema to what it makes, then mark "
+                "it done (check() compares the schema with what the migrations make)"
             )
         mine = by_version.get(row.version)
         if mine is None:
@@ -144,7 +158,9 @@ def pending(
             f"{database} records migration {newest} ({by_version[newest].description}) as "
             f"applied, but not migration {lost[0].version} ({lost[0].description}), which "
             f"comes before it: its row in {TRACKING_TABLE} is missing (deleted by hand, or the "
-            "file pieced together from two databases); nothing was done: restore the database "
-            "from a backup taken before the row was lost"
+            "file pieced together from two databases); nothing was done: if the schema is as "
+            f"that migration makes it (check() compares it once the row is back), put the row "
+            f"back: {restore_row_sql(lost[0])}; else restore the database from a backup taken "
+            "before the row was lost"
         )
     return [m for m in known if m.version not in done]

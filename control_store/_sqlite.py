@@ -1215,11 +1215,8 @@ def _migration_fix(migration: _migrate.Migration, exc: sqlite3.Error) -> str:
         "what it makes is in the schema already, so its row in "
         f"{_migrate.TRACKING_TABLE} was lost (deleted by hand, or the file pieced together): "
         "if the schema is as this migration makes it (check() compares it once the row is "
-        f"back), put the row back: INSERT INTO {_migrate.TRACKING_TABLE} (version, "
-        "description, installed_on, success, checksum, execution_time) VALUES "
-        f"({migration.version}, '{migration.description}', "
-        f"'{_codec.format_timestamp(utc_now(), what='installed_on')}', 1, "
-        f"X'{migration.checksum.hex()}', 0); else restore the database from a backup"
+        f"back), put the row back: {_migrate.restore_row_sql(migration)}; else restore the "
+        "database from a backup"
     )
 
 

@@ -463,3 +463,13 @@ async def test_a_lost_tracking_row_is_named_not_called_pending(db_path: Path) ->
     assert db_path.read_bytes() == before
     with raw_db(db_path) as conn:
         assert conn.execute(f"SELECT version FROM {TRACKING}").fetchall() == [(2,)]
+    # The advice, followed as written: the schema is as migration 1 makes it, so its row goes
+    # back with the INSERT the message gives, and the database is sound again.
+    with pytest.raises(MigrationError) as caught:
+        await Store.connect(db_path)
+    insert = re.search(r"put the row back: (INSERT INTO .*?); else", str(caught.value))
+    assert insert is not None, caught.value
+    with raw_db(db_path) as conn:
+        conn.execute(insert[1])
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
