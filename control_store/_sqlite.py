@@ -590,7 +590,19 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
         elif isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc):
             error = StoreClosedError(f"the store for {database} is closed; connect again")
         elif missing := _SCHEMA_DAMAGE.match(str(exc)):
-            if _ours(missing):
+            if _in_tracking_table(missing):
+                # check() cannot help here: on a schema behind this release it says to
+                # migrate, and the migration is what failed.
+                error = MigrationError(
+                    f"{database}'s migration history, {_migrate.TRACKING_TABLE}, is not as this "
+                    f"release makes it [{detail}]: a column was dropped or renamed (by hand, or "
+                    "by a tool); nothing was written: rename a renamed column back; put a "
+                    "dropped execution_time back with ALTER TABLE "
+                    f"{_migrate.TRACKING_TABLE} ADD COLUMN execution_time INTEGER NOT NULL "
+                    "DEFAULT 0; for any other column, restore the database from a backup. "
+                    f"The table as made: {' '.join(CREATE_TRACKING_TABLE.split())}"
+                )
+            elif _ours(missing):
                 error = MigrationError(
                     f"{database} lacks part of the schema this release made [{detail}]: a "
                     "table or column was dropped or changed (by hand, or by a tool); nothing was "
@@ -624,6 +636,21 @@ _SCHEMA_DAMAGE: Final = re.compile(
     r"|table (?P<has>\w+) has no column named |cannot modify (?P<view>\w+) because it is a view"
     r'|foreign key mismatch - "(?P<refers>\w+)" referencing'
 )
+
+
+# The tracking table's columns, for errors naming one (none is a column of runs or jobs).
+_TRACKING_COLUMNS: Final = frozenset(
+    {"version", "description", "installed_on", "success", "checksum", "execution_time"}
+)
+
+
+def _in_tracking_table(missing: re.Match[str]) -> bool:
+    """Whether a _SCHEMA_DAMAGE error is about the migration tracking table."""
+    table = missing.group("has")  # "table T has no column named C"
+    column = missing.group("column")
+    return (table or "").lower() == _migrate.TRACKING_TABLE or (
+        column is not None and column.lower() in _TRACKING_COLUMNS
+    )
 
 
 def _ours(missing: re.Match[str]) -> bool:

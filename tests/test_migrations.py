@@ -25,7 +25,7 @@ from control_store._codec import job_params, run_params
 from control_store._migrate import checksum, load_migrations, pending
 from control_store._sqlite import INSERT_JOB, INSERT_RUN
 
-from conftest import SHIPPED, make_jobs, make_run, raw_db
+from conftest import NEXT_VERSION, SHIPPED, make_jobs, make_run, raw_db, with_second_migration
 
 TRACKING = "_control_store_migrations"
 
@@ -241,6 +241,30 @@ async def test_migrate_false_refuses_calls_on_a_schema_it_cannot_vouch_for(
             assert str(caught.value) == str(at_connect.value)
     with raw_db(db_path) as conn:
         assert conn.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+
+
+async def test_a_column_dropped_from_the_tracking_table_is_named_with_its_repair(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A column dropped from the migration history by hand fails the next migration, and the
+    error gives the repair itself (check() could not: on a schema behind this release it says
+    to migrate). Followed as written, the migration applies and check() finds nothing."""
+    with raw_db(db_path) as conn:
+        conn.execute(f"ALTER TABLE {TRACKING} DROP COLUMN execution_time")
+    with_second_migration(monkeypatch)
+    with pytest.raises(MigrationError, match="migration history") as caught:
+        await Store.connect(db_path)
+    assert "run store.check()" not in str(caught.value)
+    repair = re.search(
+        r"put a dropped execution_time back with (ALTER TABLE .*?);", str(caught.value)
+    )
+    assert repair is not None, caught.value
+    with raw_db(db_path) as conn:
+        conn.execute(repair[1])
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        applied = [m.version for m in await store.migration_status() if m.installed_on]
+        assert applied == [*(version for version, _ in SHIPPED), NEXT_VERSION]
 
 
 async def test_migrate_false_leaves_a_fresh_file_pending(tmp_path: Path) -> None:
