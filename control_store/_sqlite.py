@@ -954,12 +954,17 @@ def configure(conn: sqlite3.Connection, *, file: bool, options: Options, databas
 
     busy_timeout first (everything after may wait on a lock), foreign keys (as sqlx does), then
     WAL for files: concurrent first openers can fail switching to WAL, so check and retry.
-    Before any change, a file that is another application's database is refused.
+    Before any change, a file that is another application's database is refused, and so is a
+    migration history that migrating would refuse.
     """
     conn.execute(f"PRAGMA busy_timeout = {_milliseconds(options.busy_timeout)}")
     conn.execute("PRAGMA foreign_keys = ON")
     if file:
         _refuse_foreign_database(conn, database)
+        # A history this release cannot vouch for (a newer release's, a failed or an edited
+        # migration: pending() refuses them) is refused before the switch to WAL, which would
+        # change the file, with migrate=False too (no call could use such a file).
+        _migrate.pending(_migrate.load_migrations("sqlite"), _read_applied(conn), database=database)
         deadline = time.monotonic() + options.busy_timeout
         while True:
             try:

@@ -241,9 +241,9 @@ class Store:
         survives a process crash), ``migrate`` (apply pending migrations at connect, default
         True; False leaves them to ``store.migrate()``, and calls raise
         ``PendingMigrationError`` until then, or until another process has migrated the file:
-        each refused call reads the schema's state again; on a file holding an edited, unknown
-        or failed migration, calls raise the error a migrating connect gives), ``read_only``
-        (default False; see below).
+        each refused call reads the schema's state again; a file holding an edited, unknown
+        or failed migration is refused at connect, as a migrating connect refuses it),
+        ``read_only`` (default False; see below).
 
         ``read_only=True`` opens an existing file for reading only, through SQLite's
         ``mode=ro``: it never creates the file (a missing one is a ``ConfigurationError``),

@@ -224,23 +224,24 @@ async def test_failed_migration_is_refused(db_path: Path) -> None:
     ],
     ids=["newer-release", "failed", "edited"],
 )
-async def test_migrate_false_refuses_calls_on_a_schema_it_cannot_vouch_for(
+async def test_a_history_it_cannot_vouch_for_is_refused_before_the_file_changes(
     db_path: Path, edit: str, error: type[MigrationError]
 ) -> None:
-    """migrate=False on a file holding a newer release's migration, a failed one or an edited
-    one connects, but every call that needs the schema raises the error a migrating connect
-    gives, with its fix, and writes nothing: this release cannot vouch for that schema."""
+    """A file holding a newer release's migration, a failed one or an edited one is refused at
+    connect, migrating or not (migrate=False: no call could use it), with the same error and
+    fix, and before anything changes: a copy switched out of WAL mode stays as it is."""
     with raw_db(db_path) as conn:
         conn.execute(edit)
-    with pytest.raises(error) as at_connect:
-        await Store.connect(db_path)
-    async with Store.connect(db_path, migrate=False) as store:
-        for call in (store.insert_run(make_run()), store.list_runs()):
-            with pytest.raises(error) as caught:
-                await call
-            assert str(caught.value) == str(at_connect.value)
-    with raw_db(db_path) as conn:
-        assert conn.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+        conn.execute("PRAGMA journal_mode = DELETE")
+    before = db_path.read_bytes()
+    messages = set()
+    for migrate in (True, False):
+        with pytest.raises(error) as caught:
+            await Store.connect(db_path, migrate=migrate)
+        messages.add(str(caught.value))
+    assert len(messages) == 1
+    assert db_path.read_bytes() == before
+    assert sorted(p.name for p in db_path.parent.iterdir()) == [db_path.name]
 
 
 async def test_a_column_dropped_from_the_tracking_table_is_named_with_its_repair(
