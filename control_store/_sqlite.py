@@ -834,14 +834,16 @@ def _close_quietly(raw: sqlite3.Connection) -> None:
     _OPEN.discard(raw)
 
 
-def stop_worker(conn: aiosqlite.Connection) -> None:
+def stop_worker(conn: aiosqlite.Connection, *, closed: asyncio.Future[None] | None = None) -> None:
     """End the worker of a connection nobody will use again, with no await and no loop: from a
     finalizer, a shutdown, or a connect given up after it took the connection.
 
     The queued function closes the sqlite3 connection on the worker's own thread, after any
-    function still queued, then ends the worker's loop; it hands no result to any event loop,
-    so a loop that closed meanwhile makes nothing fail on the thread. The connection is marked
-    closed at once, so no call is queued behind the stop.
+    function still queued, then ends the worker's loop. Given ``closed`` (close_on_worker), it
+    settles that future once the connection is closed; the hand-over is dropped if the loop
+    closed meanwhile, so nothing fails on the thread (aiosqlite's own close hands its result
+    over with call_soon_threadsafe, which raises there, with a traceback, after Ctrl-C). The
+    connection is marked closed at once, so no call is queued behind the stop.
     """
     raw = conn._connection
     conn._connection = None
@@ -850,30 +852,19 @@ def stop_worker(conn: aiosqlite.Connection) -> None:
     def stop() -> object:
         if raw is not None:
             _close_quietly(raw)
+        if closed is not None:
+            with contextlib.suppress(RuntimeError):  # "Event loop is closed": nobody waits
+                closed.get_loop().call_soon_threadsafe(_settle_result, closed, None)
         return aiosqlite.core._STOP_RUNNING_SENTINEL
 
     conn._tx.put_nowait((None, stop))
 
 
 def close_on_worker(conn: aiosqlite.Connection) -> asyncio.Future[None]:
-    """Close the sqlite3 connection on the worker's thread and end the worker; await the
-    returned future for the close. As aiosqlite's close() would, but its stop hands a result
-    to the loop through call_soon_threadsafe, which fails on the thread, with a traceback, if
-    the loop closed meanwhile (Ctrl-C during close): here that hand-over is dropped instead."""
-    raw = conn._connection
-    conn._connection = None
-    conn._running = False
-    loop = asyncio.get_running_loop()
-    closed: asyncio.Future[None] = loop.create_future()
-
-    def close_and_stop() -> object:
-        if raw is not None:
-            _close_quietly(raw)
-        with contextlib.suppress(RuntimeError):  # "Event loop is closed": nobody waits
-            loop.call_soon_threadsafe(_settle_result, closed, None)
-        return aiosqlite.core._STOP_RUNNING_SENTINEL
-
-    conn._tx.put_nowait((None, close_and_stop))
+    """Close the sqlite3 connection on the worker's thread and end the worker (stop_worker);
+    await the returned future for the close."""
+    closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    stop_worker(conn, closed=closed)
     return closed
 
 
