@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -119,6 +120,15 @@ def held_store(loop: asyncio.AbstractEventLoop, path: Path) -> HeldStore:
 
     held = loop.create_task(hold_worker())
     return HeldStore(store, backend, backend._conn._thread, hold, held)
+
+
+def follow_advice(path: Path, error: BaseException, sql: str) -> None:
+    """Run, on the database at ``path``, the statement ``error``'s message gives where the
+    pattern ``sql`` (one group: the statement) finds it: a repair followed as written."""
+    advice = re.search(sql, str(error))
+    assert advice is not None, error
+    with raw_db(path) as conn:
+        conn.execute(advice[1])
 
 
 def make_run(job_count: int = 3, *, created_at: datetime | None = None) -> Run:

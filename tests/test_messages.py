@@ -26,7 +26,7 @@ from control_store import (
 )
 from control_store._show import shown
 
-from conftest import make_jobs, make_run, raw_db
+from conftest import follow_advice, make_jobs, make_run, raw_db
 
 # Past Python's 4300-digit limit on int-to-text conversion: str() or repr() of it raises
 # "ValueError: Exceeds the limit (4300 digits) for integer string conversion".
@@ -464,9 +464,6 @@ async def test_a_lost_tracking_row_is_named_not_called_pending(db_path: Path) ->
     # back with the INSERT the message gives, and the database is sound again.
     with pytest.raises(MigrationError) as caught:
         await Store.connect(db_path)
-    insert = re.search(r"put the row back: (INSERT INTO .*?); else", str(caught.value))
-    assert insert is not None, caught.value
-    with raw_db(db_path) as conn:
-        conn.execute(insert[1])
+    follow_advice(db_path, caught.value, r"put the row back: (INSERT INTO .*?); else")
     async with Store.connect(db_path) as store:
         assert await store.check() == []

@@ -25,7 +25,15 @@ from control_store._codec import job_params, run_params
 from control_store._migrate import checksum, load_migrations, pending
 from control_store._sqlite import INSERT_JOB, INSERT_RUN
 
-from conftest import NEXT_VERSION, SHIPPED, make_jobs, make_run, raw_db, with_second_migration
+from conftest import (
+    NEXT_VERSION,
+    SHIPPED,
+    follow_advice,
+    make_jobs,
+    make_run,
+    raw_db,
+    with_second_migration,
+)
 
 TRACKING = "_control_store_migrations"
 
@@ -204,10 +212,7 @@ async def test_failed_migration_is_refused(db_path: Path) -> None:
         conn.execute(f"UPDATE {TRACKING} SET success = 0 WHERE version = 1")
     with pytest.raises(DirtyMigrationError, match="recorded as failed") as caught:
         await Store.connect(db_path)
-    update = re.search(r"mark it done \((UPDATE .*?)\)", str(caught.value))
-    assert update is not None, caught.value
-    with raw_db(db_path) as conn:
-        conn.execute(update[1])
+    follow_advice(db_path, caught.value, r"mark it done \((UPDATE .*?)\)")
     async with Store.connect(db_path) as store:
         assert await store.check() == []
 
@@ -256,12 +261,9 @@ async def test_a_column_dropped_from_the_tracking_table_is_named_with_its_repair
     with pytest.raises(MigrationError, match="migration history") as caught:
         await Store.connect(db_path)
     assert "run store.check()" not in str(caught.value)
-    repair = re.search(
-        r"put a dropped execution_time back with (ALTER TABLE .*?);", str(caught.value)
+    follow_advice(
+        db_path, caught.value, r"put a dropped execution_time back with (ALTER TABLE .*?);"
     )
-    assert repair is not None, caught.value
-    with raw_db(db_path) as conn:
-        conn.execute(repair[1])
     async with Store.connect(db_path) as store:
         assert await store.check() == []
         applied = [m.version for m in await store.migration_status() if m.installed_on]
