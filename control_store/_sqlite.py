@@ -590,18 +590,11 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
         elif isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc):
             error = StoreClosedError(f"the store for {database} is closed; connect again")
         elif missing := _SCHEMA_DAMAGE.match(str(exc)):
-            if _in_tracking_table(missing):
-                # check() cannot help here: on a schema behind this release it says to
-                # migrate, and the migration is what failed.
-                error = MigrationError(
-                    f"{database}'s migration history, {_migrate.TRACKING_TABLE}, is not as this "
-                    f"release makes it [{detail}]: a column was dropped or renamed (by hand, or "
-                    "by a tool); nothing was written: rename a renamed column back; put a "
-                    "dropped execution_time back with ALTER TABLE "
-                    f"{_migrate.TRACKING_TABLE} ADD COLUMN execution_time INTEGER NOT NULL "
-                    "DEFAULT 0; for any other column, restore the database from a backup. "
-                    f"The table as made: {' '.join(CREATE_TRACKING_TABLE.split())}"
-                )
+            if (missing.group("has") or "").lower() == _migrate.TRACKING_TABLE:
+                # A migration's INSERT into its history ("table T has no column named C"); its
+                # SELECT is _read_applied's. check() cannot help here: on a schema behind this
+                # release it says to migrate, and the migration is what failed.
+                error = tracking_damage(database, detail)
             elif _ours(missing):
                 error = MigrationError(
                     f"{database} lacks part of the schema this release made [{detail}]: a "
@@ -610,7 +603,11 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
                     "missing and how to repair it"
                 )
             else:
-                name = missing.group("column") or missing.group("table")
+                name = next(
+                    part
+                    for part in missing.group("column", "named", "table", "view", "refers")
+                    if part
+                )
                 error = ControlError(
                     f"{database} failed [{detail}]: {name} is no part of this release's schema, "
                     "so a trigger or view of your own refers to it; nothing was written: "
@@ -633,24 +630,36 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
 # name, with the table's name when the message gives it.
 _SCHEMA_DAMAGE: Final = re.compile(
     r"no such table: (?:main\.)?(?P<table>\w+)|no such column: (?:\w+\.)?(?P<column>\w+)"
-    r"|table (?P<has>\w+) has no column named |cannot modify (?P<view>\w+) because it is a view"
+    r"|table (?P<has>\w+) has no column named (?P<named>\w+)"
+    r"|cannot modify (?P<view>\w+) because it is a view"
     r'|foreign key mismatch - "(?P<refers>\w+)" referencing'
 )
 
 
-# The tracking table's columns, for errors naming one (none is a column of runs or jobs).
+# The tracking table's columns, for check() (none is a column of runs or jobs).
 _TRACKING_COLUMNS: Final = frozenset(
     {"version", "description", "installed_on", "success", "checksum", "execution_time"}
 )
 
 
-def _in_tracking_table(missing: re.Match[str]) -> bool:
-    """Whether a _SCHEMA_DAMAGE error is about the migration tracking table."""
-    table = missing.group("has")  # "table T has no column named C"
-    column = missing.group("column")
-    return (table or "").lower() == _migrate.TRACKING_TABLE or (
-        column is not None and column.lower() in _TRACKING_COLUMNS
+def tracking_damage(database: str, detail: object) -> MigrationError:
+    """The error for a migration history missing a column (dropped or renamed by hand): its
+    repair, and the table as made. Not a user's trigger naming a column of the same name in a
+    table of its own: only the statements on this table (_read_applied, INSERT_APPLIED) say so.
+    """
+    return MigrationError(
+        f"the migration history of {database}, {_migrate.TRACKING_TABLE}, is not as this release "
+        f"makes it [{detail}]: a column was dropped or renamed (by hand, or by a tool); nothing "
+        f"was written: {_TRACKING_REPAIR}. The table as made: "
+        f"{' '.join(CREATE_TRACKING_TABLE.split())}"
     )
+
+
+_TRACKING_REPAIR: Final = (
+    "rename a renamed column back; put a dropped execution_time back with ALTER TABLE "
+    f"{_migrate.TRACKING_TABLE} ADD COLUMN execution_time INTEGER NOT NULL DEFAULT 0; for any "
+    "other column, restore the database from a backup"
+)
 
 
 def _ours(missing: re.Match[str]) -> bool:
@@ -955,7 +964,11 @@ def configure(conn: sqlite3.Connection, *, file: bool, options: Options, databas
         # A history this release cannot vouch for (a newer release's, a failed or an edited
         # migration: pending() refuses them) is refused before the switch to WAL, which would
         # change the file, with migrate=False too (no call could use such a file).
-        _migrate.pending(_migrate.load_migrations("sqlite"), _read_applied(conn), database=database)
+        _migrate.pending(
+            _migrate.load_migrations("sqlite"),
+            _read_applied(conn, database=database),
+            database=database,
+        )
         deadline = time.monotonic() + options.busy_timeout
         while True:
             try:
@@ -1052,7 +1065,7 @@ def check_schema(conn: sqlite3.Connection, *, database: str, read_only: bool = T
     can never migrate (else it was opened with migrate=False, and store.migrate() would).
     """
     known = _migrate.load_migrations("sqlite")
-    applied = _read_applied(conn)
+    applied = _read_applied(conn, database=database)
     todo = _migrate.pending(known, applied, database=database)
     if not todo:
         return
@@ -1170,17 +1183,13 @@ def _strip_comments(sql: str) -> str:
     return "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
 
 
-def _read_applied(conn: sqlite3.Connection) -> list[_migrate.AppliedMigration]:
+def _read_applied(conn: sqlite3.Connection, *, database: str) -> list[_migrate.AppliedMigration]:
     if conn.execute(SELECT_TRACKING_EXISTS, (_migrate.TRACKING_TABLE,)).fetchone() is None:
         return []
     try:
         rows = _leniently(conn, lambda: conn.execute(SELECT_APPLIED).fetchall())
     except sqlite3.OperationalError as exc:  # a column dropped or renamed: check() cannot run
-        raise MigrationError(
-            f"{_migrate.TRACKING_TABLE} is not as control_store made it [{exc}]: a column of it "
-            "was dropped or renamed by hand; nothing was changed: restore the database from a "
-            "backup (the table records which migrations made the schema)"
-        ) from exc
+        raise tracking_damage(database, exc) from exc
     return [_applied(*row) for row in rows]
 
 
@@ -1260,7 +1269,9 @@ def migrate(conn: sqlite3.Connection, *, database: str) -> list[int]:
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(CREATE_TRACKING_TABLE)
-            todo = _migrate.pending(known, _read_applied(conn), database=database)
+            todo = _migrate.pending(
+                known, _read_applied(conn, database=database), database=database
+            )
             if not todo:
                 conn.execute("COMMIT")
                 return applied
@@ -1309,7 +1320,7 @@ class MigrationState:
 def migration_status(conn: sqlite3.Connection, *, database: str) -> list[MigrationState]:
     """Every known migration with when it was applied (None: pending); checks them too."""
     known = _migrate.load_migrations("sqlite")
-    applied = _read_applied(conn)
+    applied = _read_applied(conn, database=database)
     _migrate.pending(known, applied, database=database)
     installed: dict[int, str] = {}
     if applied:
@@ -1708,6 +1719,16 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
     def report(message: str) -> None:
         found("database", "", message)
 
+    if have.get(_migrate.TRACKING_TABLE, (None, None))[0] == "table":
+        # Only the next migration reads execution_time: a store connects without it, and the
+        # loss would show only at the next release's upgrade.
+        held = conn.execute(SELECT_COLUMNS, (_migrate.TRACKING_TABLE,))
+        lacking = sorted(_TRACKING_COLUMNS - {str(column[1]).lower() for column in held})
+        if lacking:
+            report(
+                f"the migration history, {_migrate.TRACKING_TABLE}, lacks column "
+                f"{', '.join(lacking)}, which the next migration writes: {_TRACKING_REPAIR}"
+            )
     for part in _expected_schema():
         kind, table = have.get(part.name, (None, None))
         if part.kind == "index":

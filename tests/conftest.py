@@ -122,11 +122,12 @@ def held_store(loop: asyncio.AbstractEventLoop, path: Path) -> HeldStore:
     return HeldStore(store, backend, backend._conn._thread, hold, held)
 
 
-def follow_advice(path: Path, error: BaseException, sql: str) -> None:
-    """Run, on the database at ``path``, the statement ``error``'s message gives where the
-    pattern ``sql`` (one group: the statement) finds it: a repair followed as written."""
-    advice = re.search(sql, str(error))
-    assert advice is not None, error
+def follow_advice(path: Path, told: BaseException | str, sql: str) -> None:
+    """Run, on the database at ``path``, the statement an error's or a check() finding's
+    message gives where the pattern ``sql`` (one group: the statement) finds it: a repair
+    followed as written."""
+    advice = re.search(sql, str(told))
+    assert advice is not None, told
     with raw_db(path) as conn:
         conn.execute(advice[1])
 

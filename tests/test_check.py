@@ -1065,6 +1065,16 @@ async def test_a_missing_table_a_users_trigger_names_is_not_blamed_on_the_schema
             "AFTER INSERT ON runs BEGIN UPDATE audit SET tally = tally + 1; END",
             "tally",
         ),
+        (  # a column named as one of the migration history's is still the user's own
+            "DROP TRIGGER audit_runs; CREATE TRIGGER audit_runs AFTER INSERT ON runs "
+            "BEGIN UPDATE audit SET id = success; END",
+            "success",
+        ),
+        (  # "table audit has no column named description": the column is named
+            "DROP TRIGGER audit_runs; CREATE TRIGGER audit_runs AFTER INSERT ON runs "
+            "BEGIN INSERT INTO audit (description) VALUES (new.id); END",
+            "description",
+        ),
     )
     for edit, missing in own_parts:
         with raw_db(db_path) as conn:

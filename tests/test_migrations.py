@@ -162,16 +162,46 @@ async def test_a_hand_edited_tracking_row_is_named_with_its_repair(
     assert db_path.read_bytes() == before
 
 
-async def test_a_tracking_table_missing_a_column_says_to_restore(db_path: Path) -> None:
-    """A column of the tracking table dropped by hand: connect cannot read which migrations
-    made the schema, and says to restore, not to run check() (which cannot connect either)."""
+@pytest.mark.parametrize("edit", ["DROP COLUMN success", "RENAME COLUMN checksum TO digest"])
+async def test_a_tracking_table_missing_a_column_gives_its_repair(
+    db_path: Path, edit: str
+) -> None:
+    """A column of the tracking table dropped or renamed by hand: connect cannot read which
+    migrations made the schema, and says so of this file, with the repair (rename it back, or
+    restore), not check() (which cannot connect either); the same as a migration that fails
+    on it says."""
     with raw_db(db_path) as conn:
-        conn.execute(f"ALTER TABLE {TRACKING} DROP COLUMN success")
+        conn.execute(f"ALTER TABLE {TRACKING} {edit}")
     for read_only in (False, True):
-        with pytest.raises(MigrationError, match=r"is not as control_store made it") as caught:
+        with pytest.raises(MigrationError, match=r"migration history of database") as caught:
             await Store.connect(db_path, read_only=read_only)
-        assert "restore the database from a backup" in str(caught.value)
-        assert "check()" not in str(caught.value)
+        message = str(caught.value)
+        assert repr(str(db_path)) in message
+        assert "rename a renamed column back" in message
+        assert "restore the database from a backup" in message
+        assert "check()" not in message
+
+
+async def test_check_finds_a_dropped_execution_time_and_its_repair_works(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """execution_time dropped from the history of a current schema: nothing reads it until the
+    next migration, so the store connects, and check() is what finds it, with the ALTER that
+    puts it back; made as given, check() finds nothing and the next migration applies."""
+    async with Store.connect(db_path):
+        pass
+    with raw_db(db_path) as conn:
+        conn.execute(f"ALTER TABLE {TRACKING} DROP COLUMN execution_time")
+    async with Store.connect(db_path) as store:
+        (problem,) = await store.check()
+    assert problem.table == "database"
+    assert "lacks column execution_time" in problem.message
+    follow_advice(db_path, problem.message, r"back with (ALTER TABLE .*?);")
+    with_second_migration(monkeypatch)
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        applied = [m.version for m in await store.migration_status() if m.installed_on]
+        assert applied == [*(version for version, _ in SHIPPED), NEXT_VERSION]
 
 
 @pytest.mark.parametrize(
@@ -258,7 +288,7 @@ async def test_a_column_dropped_from_the_tracking_table_is_named_with_its_repair
     with raw_db(db_path) as conn:
         conn.execute(f"ALTER TABLE {TRACKING} DROP COLUMN execution_time")
     with_second_migration(monkeypatch)
-    with pytest.raises(MigrationError, match="migration history") as caught:
+    with pytest.raises(MigrationError, match="migration history of database") as caught:
         await Store.connect(db_path)
     assert "run store.check()" not in str(caught.value)
     follow_advice(
