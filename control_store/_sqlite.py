@@ -68,6 +68,7 @@ MEMORY_URL: Final = "sqlite::memory:"
 _BUSY: Final = ("SQLITE_BUSY", "SQLITE_LOCKED")
 _SCHEME: Final = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 _CREDENTIALS: Final = re.compile(r"//([^/@:]*):[^/@]*@")
+_URL_CREDENTIALS: Final = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:)//([^/@:]*):[^/@]*@")
 
 # ---------------------------------------------------------------------------------------------
 # SQL. Columns are listed in _codec.RUN_COLUMNS / JOB_COLUMNS order; values are always bound.
@@ -278,8 +279,15 @@ _SYNCHRONOUS: Final = ("OFF", "NORMAL", "FULL", "EXTRA")
 
 
 def redact(url: str) -> str:
-    """``url`` with any password replaced, fit to appear in a message."""
-    return _CREDENTIALS.sub(r"//\1:***@", url)
+    """``url`` with any password replaced, fit to appear in a message. Only a URL's: a plain
+    path such as d//u:p@x.db names that file, and shown changed it would name another."""
+    return _URL_CREDENTIALS.sub(r"\1//\2:***@", url)
+
+
+def has_scheme(text: str) -> bool:
+    """Whether parse_url reads ``text`` as a URL with a scheme, not as a plain path."""
+    match = _SCHEME.match(text)
+    return match is not None and not (len(match.group(1)) == 1 and text[2:3] in ("\\", "/"))
 
 
 def parse_options(options: dict[str, object]) -> Options:
@@ -403,8 +411,8 @@ def parse_url(url: str | os.PathLike[str]) -> str:
     elif isinstance(url, str):
         url = str.__str__(url)  # a subclass's plain text: never its own methods
         match = _SCHEME.match(url)
-        scheme = match.group(1).lower() if match else None
-        if scheme is None or (len(scheme) == 1 and url[2:3] in ("\\", "/")):
+        scheme = match.group(1).lower() if match and has_scheme(url) else None
+        if scheme is None:
             path = url  # a plain path (a Windows drive letter is not a scheme)
         elif scheme == "sqlite":
             rest = url[len("sqlite:") :]

@@ -243,9 +243,14 @@ def _printable(text: str) -> str:
     return text
 
 
+def _drawn(char: str) -> bool:
+    """Whether output for people shows ``char`` as itself, not as its escape (_printable)."""
+    return unicodedata.category(char) not in _ESCAPED_CATEGORIES and not _IGNORABLE.match(char)
+
+
 def _escape_unsafe(match: re.Match[str]) -> str:
     char = match.group()
-    if unicodedata.category(char) not in _ESCAPED_CATEGORIES and not _IGNORABLE.match(char):
+    if _drawn(char):
         return char
     # repr's escape where it has one (\n, \x1b, \u202e): the form these were always shown in.
     # A variation selector or a Hangul filler is printable to repr, which keeps it as is.
@@ -315,7 +320,20 @@ def _given_url(args: argparse.Namespace) -> list[str]:
     """``--url URL`` for a suggested command when the user gave --url: without it, the command
     pasted would open $CONTROL_STORE_URL or the default instead (they need no option)."""
     given = getattr(args, "url", None)
-    return ["--url", _sqlite.redact(given)] if given else []
+    return _url_option(_sqlite.redact(given)) if given else []
+
+
+def _url_option(url: str) -> list[str]:
+    """``--url`` with ``url``, for a suggested command: as one word ``--url=URL`` when the URL
+    starts with a dash, which argparse would take for an option ("expected one argument")."""
+    return [f"--url={url}"] if url.startswith("-") else ["--url", url]
+
+
+def _path_url(path: Path) -> str:
+    """``path`` as a URL that names it: with ./ before a relative path that would read as a
+    URL with a scheme (run:1.db has the scheme 'run')."""
+    text = str(path)
+    return f"./{text}" if _sqlite.has_scheme(text) else text
 
 
 def _command(*argv: str) -> str:
@@ -327,12 +345,37 @@ def _command(*argv: str) -> str:
 
 
 def _shell_join(argv: Sequence[str]) -> str:
-    """``argv`` quoted for a POSIX shell: as shlex does, but an argument holding a character
-    that is not printable (a tab, a newline in a path) made by printf, "$(printf '...')",
-    with the character as an octal escape: shlex would keep it raw inside single quotes, where
-    the message's one line shows a tab as \\t (which a shell does not expand) and a newline
-    as a space. (Not bash's $'...': dash, many systems' /bin/sh, has no such quotes.)"""
-    return " ".join(shlex.quote(arg) if arg.isprintable() else _printf_quote(arg) for arg in argv)
+    """``argv`` quoted for a POSIX shell, as one line to paste (see _shell_words)."""
+    setup, words = _shell_words(argv)
+    return setup + " ".join(words)
+
+
+def _shell_words(argv: Sequence[str]) -> tuple[str, list[str]]:
+    """``argv`` quoted for a POSIX shell, and what must run before the words (usually ""):
+    as shlex does, but an argument holding a character that the message's one line would not
+    show as itself (a tab, a newline, a variation selector: see _printable) made by printf,
+    "$(printf '...')", with the character as an octal escape. shlex would keep it raw inside
+    single quotes, where the line shows its escape, which a shell does not expand, or nothing.
+    (Not bash's $'...': dash, many systems' /bin/sh, has no such quotes.)
+
+    "$(...)" drops the newlines its output ends with, so a word ending in one is made with an
+    x after it, set as a positional parameter ("set -- ...; "), and used as "${1%x}"."""
+    held: list[str] = []
+    words: list[str] = []
+    for arg in argv:
+        if arg.endswith("\n"):
+            held.append(_printf_quote(f"{arg}x"))
+            words.append(f'"${{{len(held)}%x}}"')
+        elif (arg.isascii() and arg.isprintable()) or all(map(_pastes_raw, arg)):
+            words.append(shlex.quote(arg))
+        else:
+            words.append(_printf_quote(arg))
+    return (f"set -- {' '.join(held)}; " if held else ""), words
+
+
+def _pastes_raw(char: str) -> bool:
+    """Whether ``char`` can stand as itself in a pasted command: shown as itself on the line."""
+    return char.isprintable() and _drawn(char)
 
 
 def _printf_quote(arg: str) -> str:
@@ -347,7 +390,7 @@ def _printf_quote(arg: str) -> str:
         else "'\\''"
         if char == "'"
         else char
-        if char.isprintable()
+        if _pastes_raw(char)
         else "".join(f"\\{byte:03o}" for byte in char.encode("utf-8", "surrogateescape"))
         for char in arg
     )
@@ -407,7 +450,7 @@ async def _open_read_only(args: argparse.Namespace) -> Store:
     except PendingMigrationError as exc:
         if not exc.found:  # no migration at all: an empty file (another application's is
             # refused by connect, naming its tables)
-            migrate = _command("migrate", "--url", _sqlite.redact(url))
+            migrate = _command("migrate", *_url_option(_sqlite.redact(url)))
             raise Failure(
                 f"database {path!r} holds no control_store schema (it is empty); check the "
                 f"URL, or create the schema with {migrate}"
@@ -416,7 +459,7 @@ async def _open_read_only(args: argparse.Namespace) -> Store:
         older = f", or read it with the control-store release whose newest migration is {exc.found}"
         raise Failure(
             f"database {path!r} has pending migrations: {names}; apply them with "
-            f"{_command('migrate', '--url', _sqlite.redact(url))} (on a copy you may not "
+            f"{_command('migrate', *_url_option(_sqlite.redact(url)))} (on a copy you may not "
             f"write: migrate a writable copy{older})"
         ) from exc
 
@@ -815,7 +858,7 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
             raise Failure(
                 f"{_sqlite.redact(config.url)} already has queued runs (e.g. {queued[0].id}), "
                 "which the demo's schedulers would claim; run the demo on a database of its "
-                f"own, a new file: {_command('demo', '--url', str(fresh))}"
+                f"own, a new file: {_command('demo', *_url_option(_path_url(fresh)))}"
             )
         if human:
             _describe_demo(out, config)
@@ -946,8 +989,9 @@ def _summarise_demo(
     for check in checks:
         out.print(f"  {out.mark(check.ok)} {check.name}: {check.detail}")
     if ok:
-        url = f" {_shell_join(where)}" if where else ""
-        out.print(f"look inside: {PROG} runs{url}   then   {PROG} show <RUN ID>{url}")
+        setup, words = _shell_words(where)
+        url = "".join(f" {word}" for word in words)
+        out.print(f"look inside: {setup}{PROG} runs{url}   then   {PROG} show <RUN ID>{url}")
 
 
 class _Progress:

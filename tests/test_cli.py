@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 
 from control_store import ControlError, EvalJob, Job, JobOutcome, Run, RunStatus, Store, cli
 from control_store import _demo as demo
+from control_store._sqlite import parse_url
 
 from conftest import CALL_TIMEOUT, WORKERS, make_jobs, make_run, raw_db, with_second_migration
 
@@ -788,37 +789,64 @@ def _suggested(line: str, before: str) -> str:
     """The command ``line`` suggests, in the quotes that frame it, just before ``before`` (or
     at the end of the line, for "")."""
     after = f" {re.escape(before)}" if before else "$"
-    match = re.search(rf"""(["'])(control-store .*)\1{after}""", line.rstrip("\n"))
+    match = re.search(rf"""(["'])((?:set -- .*?; )?control-store .*)\1{after}""", line.rstrip("\n"))
     assert match is not None, line
     return match.group(2)
 
 
 @pytest.mark.parametrize(
-    "name", ["my dir/o ld.db", "it's here/o.db", "t\tab 50%/o.db", "new\nline/-o\u200b.db"]
+    "name",
+    [
+        "my dir/o ld.db",
+        "it's here/o.db",
+        "t\tab 50%/o.db",
+        "new\nline/-o\u200b.db",
+        "vs\ufe0f \u2800\u3164/o.db",  # printable to Python, shown as escapes
+        "-dash/o.db",  # argparse would take "--url -dash/o.db" for an option
+        "ends/o.db\n\n",  # "$(...)" drops a trailing newline
+        "d//u:p@x.db",  # a plain path, though a URL there would hold a password
+    ],
 )
 @pytest.mark.parametrize("empty", [True, False], ids=["empty-file", "missing-file"])
 def test_a_suggested_command_works_when_pasted_into_a_shell(
     tmp_path: Path, name: str, empty: bool
 ) -> None:
     """The migrate command an error suggests names the --url given, quoted for the shell
-    (/bin/sh, dash here): with a space, a quote, a tab, a newline or an invisible character in
-    the path, pasted as printed it creates that database (not the default one, nor one named
-    otherwise), and the failed command then works."""
+    (/bin/sh, dash here): with a space, a quote, a tab, a newline (even at the end) or an
+    invisible character in the path, or a dash before it, pasted as printed it creates that
+    database (not the default one, nor one named otherwise), and the failed command then
+    works."""
     path = tmp_path / name
     path.parent.mkdir()
     if empty:
         path.touch()  # an empty file: no schema yet
-    code, out, err = run_subprocess("runs", "--url", name, cwd=tmp_path)
+    code, out, err = run_subprocess("runs", f"--url={name}", cwd=tmp_path)
     assert_one_line_error((code, out, err), "no control_store schema" if empty else "no database")
     command = _suggested(err, "" if empty else "(or")
-    assert command.startswith("control-store migrate --url ")
+    assert re.search(r"(^|; )control-store migrate --url", command), command
     pasted = command.replace("control-store", shlex.quote(sys.executable) + " -m control_store", 1)
     done = subprocess.run(
         ["/bin/sh", "-c", pasted], cwd=tmp_path, env=_clean_env(), capture_output=True, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert run_subprocess("runs", "--url", name, cwd=tmp_path)[:1] == (0,)
+    assert run_subprocess("runs", f"--url={name}", cwd=tmp_path)[:1] == (0,)
     assert not (tmp_path / "control.db").exists()
+    made = {p.name for p in path.parent.iterdir()}
+    assert made <= {path.name, f"{path.name}-wal", f"{path.name}-shm"}, made
+
+
+def test_a_demo_suggested_for_a_file_named_with_a_colon_names_a_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """demo on a file with queued runs suggests a new file beside it; for run:1.db that is
+    ./run:1-demo.db, which the URL parser reads as that file, not as the scheme 'run'."""
+    monkeypatch.chdir(tmp_path)
+    asyncio.run(_populate(tmp_path / "run:1.db"))
+    code, out, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", "./run:1.db")
+    assert_one_line_error((code, out, err), "queued runs")
+    argv = shlex.split(_suggested(err, ""))
+    assert argv[:3] == ["control-store", "demo", "--url"]
+    assert Path(parse_url(argv[3])).resolve() == tmp_path / "run:1-demo.db"
 
 
 def test_the_migrate_command_suggested_for_a_path_with_a_space_is_quoted(

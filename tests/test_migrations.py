@@ -163,9 +163,7 @@ async def test_a_hand_edited_tracking_row_is_named_with_its_repair(
 
 
 @pytest.mark.parametrize("edit", ["DROP COLUMN success", "RENAME COLUMN checksum TO digest"])
-async def test_a_tracking_table_missing_a_column_gives_its_repair(
-    db_path: Path, edit: str
-) -> None:
+async def test_a_tracking_table_missing_a_column_gives_its_repair(db_path: Path, edit: str) -> None:
     """A column of the tracking table dropped or renamed by hand: connect cannot read which
     migrations made the schema, and says so of this file, with the repair (rename it back, or
     restore), not check() (which cannot connect either); the same as a migration that fails
