@@ -35,7 +35,16 @@ from control_store import ControlError, EvalJob, Job, JobOutcome, Run, RunStatus
 from control_store import _demo as demo
 from control_store._sqlite import parse_url
 
-from conftest import CALL_TIMEOUT, WORKERS, make_jobs, make_run, raw_db, with_second_migration
+from conftest import (
+    CALL_TIMEOUT,
+    NEXT_VERSION,
+    SHIPPED,
+    WORKERS,
+    make_jobs,
+    make_run,
+    raw_db,
+    with_second_migration,
+)
 
 Result = tuple[int, str, str]
 
@@ -612,12 +621,14 @@ def test_migrate_creates_applies_then_reports_up_to_date(
     url = f"sqlite://{tmp_path / 'new.db'}"  # sqlite:///abs/path
     code, out, _ = run_cli(capsys, "migrate", "--url", url)
     assert code == 0
-    assert "applied migration 1 (init)" in out
-    assert "applied migration 2 (job rows)" in out
+    assert [line for line in out.splitlines() if line.startswith("applied migration")] == [
+        f"applied migration {version} ({description})" for version, description in SHIPPED
+    ]
+    newest = SHIPPED[-1][0]
     code, out, _ = run_cli(capsys, "migrate", "--url", url)
-    assert (code, out) == (0, "database is up to date (migration 2); nothing to apply\n")
+    assert (code, out) == (0, f"database is up to date (migration {newest}); nothing to apply\n")
     code, out, _ = run_cli(capsys, "migrate", "--json", "--url", url)
-    assert (code, json.loads(out)) == (0, {"applied": [], "version": 2})
+    assert (code, json.loads(out)) == (0, {"applied": [], "version": newest})
 
 
 def test_migrate_status_lists_pending_then_applied(
@@ -629,16 +640,17 @@ def test_migrate_status_lists_pending_then_applied(
     code, out, _ = run_cli(capsys, "migrate", "--status", "--json", "--url", str(path))
     assert code == 0
     assert json.loads(out) == [
-        {"version": 1, "description": "init", "installed_on": None, "applied": False},
-        {"version": 2, "description": "job rows", "installed_on": None, "applied": False},
+        {"version": version, "description": description, "installed_on": None, "applied": False}
+        for version, description in SHIPPED
     ]
     code, out, _ = run_cli(capsys, "migrate", "--status", "--url", str(path))
-    assert out.splitlines()[1].split() == ["1", "init", "pending"]
-    assert out.splitlines()[2].split() == ["2", "job", "rows", "pending"]
+    assert [line.split() for line in out.splitlines()[1:]] == [
+        [str(version), *description.split(), "pending"] for version, description in SHIPPED
+    ]
     assert run_cli(capsys, "migrate", "--url", str(path))[0] == 0
     code, out, _ = run_cli(capsys, "migrate", "--status", "--json", "--url", str(path))
     states = json.loads(out)
-    assert [state["applied"] for state in states] == [True, True]
+    assert [state["applied"] for state in states] == [True] * len(SHIPPED)
     assert all(datetime.fromisoformat(s["installed_on"]).tzinfo is not None for s in states)
 
 
@@ -1073,16 +1085,17 @@ def test_read_commands_on_an_older_schema_point_at_migrate(
     before = db.read_bytes()
     assert_one_line_error(
         run_cli(capsys, "runs", "--url", str(db)),
-        "pending migrations: 3 (add leases)",
+        f"pending migrations: {NEXT_VERSION} (add leases)",
         f"'control-store migrate --url {db}'",
-        "release whose newest migration is 2",
+        f"release whose newest migration is {SHIPPED[-1][0]}",
     )
     code, out, _ = run_cli(capsys, "migrate", "--status", "--url", str(db))
     assert code == 0
     rows = [line.split() for line in out.splitlines()[1:]]
-    assert [row[:3] for row in rows[:1]] == [["1", "init", "applied"]]
-    assert rows[1][:4] == ["2", "job", "rows", "applied"]
-    assert rows[2] == ["3", "add", "leases", "pending"]
+    for row, (version, description) in zip(rows, SHIPPED, strict=False):
+        words = description.split()
+        assert row[: 2 + len(words)] == [str(version), *words, "applied"]
+    assert rows[len(SHIPPED) :] == [[str(NEXT_VERSION), "add", "leases", "pending"]]
     assert db.read_bytes() == before
     assert run_cli(capsys, "migrate", "--url", str(db))[0] == 0
     assert run_cli(capsys, "runs", "--url", str(db))[0] == 0

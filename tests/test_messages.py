@@ -26,7 +26,7 @@ from control_store import (
 )
 from control_store._show import shown
 
-from conftest import follow_advice, make_jobs, make_run, raw_db
+from conftest import SHIPPED, follow_advice, make_jobs, make_run, raw_db
 
 # Past Python's 4300-digit limit on int-to-text conversion: str() or repr() of it raises
 # "ValueError: Exceeds the limit (4300 digits) for integer string conversion".
@@ -446,20 +446,23 @@ async def test_migrate_option_says_what_each_value_does() -> None:
 
 
 async def test_a_lost_tracking_row_is_named_not_called_pending(db_path: Path) -> None:
-    """A database whose tracking row for migration 1 is gone, with migration 2's there, is
-    refused naming the lost row, read-only or not, and not changed (not "at migration 2, but
-    needs migration 2", nor migration 1 run again over its own tables), with migrate=False
+    """A database whose tracking row for migration 1 is gone, with the later ones' there, is
+    refused naming the lost row, read-only or not, and not changed (not "at migration 3, but
+    needs migration 3", nor migration 1 run again over its own tables), with migrate=False
     too, as for any other unsound tracking table."""
     with raw_db(db_path) as conn:
         conn.execute(f"DELETE FROM {TRACKING} WHERE version = 1")
     before = db_path.read_bytes()
-    lost = r"records migration 2 \(job rows\) as applied, but not migration 1 \(init\)"
+    newest, description = SHIPPED[-1]
+    lost = rf"records migration {newest} \({description}\) as applied, but not migration 1 \(init\)"
     for options in ({"read_only": True}, {}, {"migrate": False}):
         with pytest.raises(MigrationError, match=lost):
             await Store.connect(db_path, **options)
     assert db_path.read_bytes() == before
     with raw_db(db_path) as conn:
-        assert conn.execute(f"SELECT version FROM {TRACKING}").fetchall() == [(2,)]
+        assert conn.execute(f"SELECT version FROM {TRACKING}").fetchall() == [
+            (version,) for version, _ in SHIPPED[1:]
+        ]
     # The advice, followed as written: the schema is as migration 1 makes it, so its row goes
     # back with the INSERT the message gives, and the database is sound again.
     with pytest.raises(MigrationError) as caught:

@@ -31,7 +31,16 @@ from control_store import (
     UnknownMigrationError,
 )
 
-from conftest import Worker, assert_sound, make_jobs, make_run, raw_db, with_second_migration
+from conftest import (
+    NEXT_VERSION,
+    SHIPPED,
+    Worker,
+    assert_sound,
+    make_jobs,
+    make_run,
+    raw_db,
+    with_second_migration,
+)
 
 TRACKING = "_control_store_migrations"
 READ_ONLY_DIR = stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH
@@ -222,9 +231,11 @@ async def test_an_empty_file_is_refused_as_unmigrated_and_stays_empty(tmp_path: 
     path.touch()
     with pytest.raises(PendingMigrationError, match="no control_store migration") as caught:
         await Store.connect(path, read_only=True)
-    assert (caught.value.found, caught.value.needed) == (0, 2)
-    assert caught.value.pending == ((1, "init"), (2, "job rows"))
-    assert "needs migration 2 (job rows); pending: 1 (init), 2 (job rows)" in str(caught.value)
+    newest, description = SHIPPED[-1]
+    assert (caught.value.found, caught.value.needed) == (0, newest)
+    assert caught.value.pending == tuple(SHIPPED)
+    pending = ", ".join(f"{version} ({name})" for version, name in SHIPPED)
+    assert f"needs migration {newest} ({description}); pending: {pending}" in str(caught.value)
     assert "without read_only" in str(caught.value)
     assert path.stat().st_size == 0
 
@@ -262,11 +273,12 @@ async def test_an_older_schema_is_refused_naming_both_versions(
     with pytest.raises(PendingMigrationError) as caught:
         await Store.connect(db_path, read_only=True)
     message = str(caught.value)
-    assert "is at migration 2 (job rows)" in message
-    assert "needs migration 3 (add leases)" in message
+    newest, description = SHIPPED[-1]
+    assert f"is at migration {newest} ({description})" in message
+    assert f"needs migration {NEXT_VERSION} (add leases)" in message
     assert "connect once without read_only" in message
-    assert "release whose newest migration is 2" in message
-    assert (caught.value.found, caught.value.needed) == (2, 3)
+    assert f"release whose newest migration is {newest}" in message
+    assert (caught.value.found, caught.value.needed) == (newest, NEXT_VERSION)
     assert digest(db_path) == before
 
 
@@ -275,7 +287,8 @@ async def test_a_newer_schema_is_refused_naming_both_versions(db_path: Path) -> 
     with raw_db(db_path) as conn:
         conn.execute(f"INSERT INTO {TRACKING} VALUES (7, 'from the future', 'x', 1, x'00', 0)")
     before = digest(db_path)
-    with pytest.raises(UnknownMigrationError, match=r"migration 7 .*only up to 2.*upgrade"):
+    newest = SHIPPED[-1][0]
+    with pytest.raises(UnknownMigrationError, match=rf"migration 7 .*only up to {newest}.*upgrade"):
         await Store.connect(db_path, read_only=True)
     assert digest(db_path) == before
 
