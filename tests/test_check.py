@@ -1096,3 +1096,28 @@ async def test_a_missing_table_a_users_trigger_names_is_not_blamed_on_the_schema
         await store.insert_run(run)
         with pytest.raises(MigrationError, match=r"because it is a view.*check\(\)"):
             await store.insert_jobs(make_jobs(run, 1))
+
+
+async def test_check_ends_its_integrity_snapshot_before_it_reads_the_rows(db_path: Path) -> None:
+    """check() reads in two snapshots: SQLite's integrity check, then the schema and the rows
+    (which must agree with each other). A snapshot keeps the WAL from being checkpointed past
+    it, and one for the whole check let a steady writer grow the WAL by all it wrote meanwhile
+    (about 1 GB at a million jobs): the statements show the first one ended first."""
+    async with Store.connect(db_path) as store:
+        run = make_run()
+        await store.insert_run(run)
+        await store.insert_jobs(make_jobs(run))
+        backend = store._backend
+        assert backend is not None
+        statements: list[str] = []
+        await backend.read(lambda conn: conn.set_trace_callback(statements.append))
+        assert await store.check() == []
+        await backend.read(lambda conn: conn.set_trace_callback(None))
+    integrity = statements.index("PRAGMA integrity_check")
+    first_row_read = next(
+        i for i, sql in enumerate(statements) if i > integrity and "FROM runs" in sql
+    )
+    between = statements[integrity:first_row_read]
+    assert "COMMIT" in between, between
+    assert "BEGIN" in between, between
+    assert between.index("COMMIT") < between.index("BEGIN"), between
