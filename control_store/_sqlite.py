@@ -25,6 +25,7 @@ import re
 import sqlite3
 import threading
 import time
+import urllib.parse
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -284,6 +285,23 @@ def redact(url: str) -> str:
     return _URL_CREDENTIALS.sub(r"\1//\2:***@", url)
 
 
+def _percent_decoded(url: str, path: str) -> str:
+    """A sqlite URL's path with its %XX escapes decoded, as sqlx reads it: the URL
+    sqlite://my%20runs.db (shared with a service using sqlx, say) is the file "my runs.db",
+    never a new file named "my%20runs.db" beside it. A % not followed by two hex digits stays;
+    a plain path is never decoded."""
+    if "%" not in path:
+        return path
+    try:
+        return urllib.parse.unquote(path, errors="strict")
+    except UnicodeDecodeError as exc:
+        raise ConfigurationError(
+            f"URL {redact(url)!r} percent-encodes bytes that are not UTF-8 ({exc.reason}); "
+            "nothing was opened: encode the name's UTF-8 bytes (%C3%A9 for é), or pass the "
+            "path itself, as a str or a pathlib.Path"
+        ) from exc
+
+
 def has_scheme(text: str) -> bool:
     """Whether parse_url reads ``text`` as a URL with a scheme, not as a plain path."""
     match = _SCHEME.match(text)
@@ -432,7 +450,7 @@ def parse_url(url: str | os.PathLike[str]) -> str:
                     "credentials (sqlite://relative/path.db, sqlite:///absolute/path.db), or, "
                     "for a directory really named so, pass the path itself, starting with ./"
                 )
-            path = rest[2:] if rest.startswith("//") else rest
+            path = _percent_decoded(url, rest[2:] if rest.startswith("//") else rest)
             if path == MEMORY:
                 raise _memory_as_a_file(redact(url))
             if path in ("", "memory"):

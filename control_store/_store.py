@@ -262,6 +262,7 @@ class Store:
         return _Connecting(_sqlite.MEMORY_URL, options)
 
     async def __aenter__(self) -> Self:
+        self._connected()  # a closed store: refused here, not at the block's first call
         return self
 
     async def __aexit__(
@@ -274,8 +275,10 @@ class Store:
 
     @property
     def read_only(self) -> bool:
-        """True if the store was opened with ``read_only=True`` (and refuses every write)."""
-        return self._backend is not None and self._backend.read_only
+        """True if the store was opened with ``read_only=True`` (and refuses every write); it
+        stays so once the store is closed."""
+        backend = self._backend or self._closed
+        return backend is not None and backend.read_only
 
     @property
     def closed(self) -> bool:

@@ -565,3 +565,25 @@ def test_a_failed_open_ends_its_thread_before_the_error(
             asyncio.run(open_store())
     assert set(threading.enumerate()) <= before
     assert failures == []
+
+
+async def test_a_sqlite_urls_percent_escapes_are_decoded_as_sqlx_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sqlite://my%20runs.db, as sqlx spells it (a URL shared with a service using sqlx), opens
+    "my runs.db", not a new empty file named "my%20runs.db" beside it; a % not followed by two
+    hex digits stays; escapes of bytes that are not UTF-8 are refused, creating nothing."""
+    monkeypatch.chdir(tmp_path)
+    run = make_run()
+    async with Store.connect(Path("my runs é.db")) as store:
+        await store.insert_run(run)
+    async with Store.connect("sqlite://my%20runs%20%C3%A9.db") as store:
+        assert await store.list_runs() == [run]
+    async with Store.connect("sqlite://50%.db"):
+        pass
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert "my%20runs%20%C3%A9.db" not in before
+    assert "50%.db" in before
+    with pytest.raises(ConfigurationError, match=r"not UTF-8.*nothing was opened"):
+        await Store.connect("sqlite://bad%FF.db")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

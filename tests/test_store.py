@@ -635,8 +635,8 @@ async def test_an_async_iterator_of_jobs_is_refused_with_the_fix(store: Store) -
 
 
 async def test_every_call_on_a_closed_store_says_closed(store: Store) -> None:
-    """After close(), every method raises StoreClosedError naming the store's database;
-    close() again is a no-op."""
+    """After close(), every method raises StoreClosedError naming the store's database, as
+    does entering ``async with store``; close() again is a no-op."""
     run = make_run()
     backend = store._backend
     assert backend is not None
@@ -658,6 +658,9 @@ async def test_every_call_on_a_closed_store_says_closed(store: Store) -> None:
         with pytest.raises(StoreClosedError, match="closed") as caught:
             await call
         assert f"the store on {backend.database} is closed" in str(caught.value)
+    with pytest.raises(StoreClosedError, match="closed"):  # at the block's start, not inside
+        async with store:
+            pytest.fail("entered a closed store")
 
 
 def test_a_store_made_from_a_url_says_to_connect() -> None:
