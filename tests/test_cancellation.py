@@ -149,12 +149,16 @@ async def test_a_claim_cancelled_before_it_starts_claims_nothing(
     db_path: Path, behind: str
 ) -> None:
     """A claim cancelled while it waits behind another call of its store never runs: its runs
-    stay queued for the next claimer, whether it waited alone or in the group commit's queue."""
+    stay queued for the next claimer, whether it waited alone or in the group commit's queue.
+    Never run, not run and given back: no claim statement reaches the connection, so no other
+    process ever sees its runs running, and no give-back can fail and strand them."""
     async with Store.connect(db_path) as store:
         for _ in range(2):
             await store.insert_run(make_run())
         backend = store._backend
         assert backend is not None
+        statements: list[str] = []
+        await backend.read(lambda conn: conn.set_trace_callback(statements.append))
         gate = threading.Event()
         occupied = _sqlite.on_thread(backend._conn, lambda: gate.wait(CALL_TIMEOUT))
         try:
@@ -172,6 +176,8 @@ async def test_a_claim_cancelled_before_it_starts_claims_nothing(
         await occupied
         if ahead is not None:
             await ahead
+        await backend.read(lambda conn: conn.set_trace_callback(None))
+        assert not [sql for sql in statements if "UPDATE runs" in sql], statements
         assert RunStatus.RUNNING.value not in _statuses(store)
         assert len(await store.claim_runs(3)) == (2 if ahead is None else 3)
 

@@ -165,7 +165,7 @@ async def test_each_write_is_refused_naming_it_and_the_file_is_unchanged(
     run, jobs = await populate(db_path)
     before = digest(db_path)
     async with Store.connect(db_path, read_only=True) as store:
-        runs = await store.list_runs()
+        runs, stored_jobs = await store.list_runs(), await store.list_jobs(run.id)
         with pytest.raises(ReadOnlyStoreError, match=rf"^{method}\(\) writes") as caught:
             await WRITES[method](store, run, jobs)
         assert "read_only=True" in str(caught.value)
@@ -173,7 +173,7 @@ async def test_each_write_is_refused_naming_it_and_the_file_is_unchanged(
         assert str(db_path) in str(caught.value)
         assert not caught.value.retryable
         assert await store.list_runs() == runs  # the store still reads, and nothing moved
-        assert await store.list_jobs(run.id) == await store.list_jobs(run.id)
+        assert await store.list_jobs(run.id) == stored_jobs
     assert digest(db_path) == before
     assert wal_is_empty(db_path)
     assert started == []
