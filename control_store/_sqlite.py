@@ -165,6 +165,17 @@ SELECT_RUNS: Final = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY created_at DESC,
 SELECT_RUNS_BY_STATUS: Final = (
     f"SELECT {_RUN_COLUMNS} FROM runs WHERE status = ? ORDER BY created_at DESC, rowid DESC LIMIT ?"
 )
+# iter_runs' pages: list_runs' order, each page after the (created_at, rowid) of the last run of
+# the page before (a row value: created_at first, rowid for ties), one walk of idx_runs_created
+# or idx_runs_status.
+_RUN_PAGE: Final = f"SELECT created_at, rowid, {_RUN_COLUMNS} FROM runs"
+_RUN_PAGE_ORDER: Final = "ORDER BY created_at DESC, rowid DESC LIMIT ?"
+SELECT_FIRST_RUN_PAGE: Final = f"{_RUN_PAGE} {_RUN_PAGE_ORDER}"
+SELECT_NEXT_RUN_PAGE: Final = f"{_RUN_PAGE} WHERE (created_at, rowid) < (?, ?) {_RUN_PAGE_ORDER}"
+SELECT_FIRST_RUN_PAGE_BY_STATUS: Final = f"{_RUN_PAGE} WHERE status = ? {_RUN_PAGE_ORDER}"
+SELECT_NEXT_RUN_PAGE_BY_STATUS: Final = (
+    f"{_RUN_PAGE} WHERE status = ? AND (created_at, rowid) < (?, ?) {_RUN_PAGE_ORDER}"
+)
 
 # The check's view of every run's counters beside what its jobs say. A job counts as done when
 # it has an outcome, not by its status: the check's repair for a job whose status disagrees
@@ -1597,6 +1608,29 @@ def _refuse_job_rows(run_id: str, added: int, conn: sqlite3.Connection) -> NoRet
         f"add {added} more; no job of this call was inserted: {fix} (a run's job_count is "
         "fixed when it is inserted)"
     )
+
+
+def op_run_page(
+    status: str | None,
+    after: tuple[object, int] | None,
+    limit: int,
+    conn: sqlite3.Connection,
+) -> tuple[list[Run], tuple[object, int] | None]:
+    """Up to ``limit`` runs (with ``status``, if not None) after the key ``after``, (created_at,
+    rowid) of the last run read (None: from the newest), and the key to continue after
+    (``after`` itself when the page is empty). One statement fetched whole, as op_job_page."""
+    by_status: tuple[object, ...] = () if status is None else (status,)
+    if after is None:
+        sql = SELECT_FIRST_RUN_PAGE if status is None else SELECT_FIRST_RUN_PAGE_BY_STATUS
+        params = (*by_status, limit)
+    else:
+        sql = SELECT_NEXT_RUN_PAGE if status is None else SELECT_NEXT_RUN_PAGE_BY_STATUS
+        params = (*by_status, *after, limit)
+    rows = _leniently(conn, lambda: conn.execute(sql, params).fetchall())
+    if not rows:
+        return [], after
+    created_at, rowid = rows[-1][:2]
+    return _codec.decode_runs([row[2:] for row in rows]), (created_at, rowid)
 
 
 def op_list_runs(status: str | None, limit: int, conn: sqlite3.Connection) -> list[Run]:

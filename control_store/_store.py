@@ -7,10 +7,10 @@ import dataclasses
 import inspect
 import os
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Generator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable, Iterator
 from functools import partial
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Generic, Self, TypeVar
 
 from . import _codec, _sqlite
 from ._show import shown, typed
@@ -92,51 +92,60 @@ def _int_from(value: object, low: int, high: int) -> int | None:
 _SMALL_BATCH = 256
 
 
-# iter_jobs' page sizes: at least one job; at most a page whose decoded jobs stay a few tens of
-# MB even with large outputs, which is what bounding the walk's memory is for.
+# iter_jobs' and iter_runs' page sizes: at least one row; at most a page whose decoded rows
+# stay a few tens of MB even with large outputs, which is what bounding the walk's memory is for.
 _MAX_PAGE_SIZE = 100_000
 
+T = TypeVar("T")
+K = TypeVar("K")  # a walk's key: the last row read, to continue after
 
-class _JobWalk:
-    """The iterator iter_jobs returns: a run's jobs, one page (one read) at a time.
+
+class _Walk(Generic[T, K]):
+    """The iterator iter_jobs and iter_runs return: rows one page (one read) at a time.
 
     A plain async iterator, not an async generator: between pages it holds only the current
-    page and the rowid to continue after, so a loop that breaks early or a task cancelled
-    mid-walk leaves nothing to finalise, and nothing open in the database.
+    page and the key to continue after, so a loop that breaks early or a task cancelled
+    mid-walk leaves nothing to finalise, and nothing open in the database. ``page(after)``
+    is the read of the page after key ``after`` (None: the first page); it returns the page's
+    items and the key to continue after.
     """
 
-    __slots__ = ("_after", "_finished", "_jobs", "_key", "_page_size", "_store")
+    __slots__ = ("_after", "_finished", "_items", "_page", "_page_size", "_store")
 
-    def __init__(self, store: Store, key: str, page_size: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        page: Callable[[K | None], _sqlite.Op[tuple[list[T], K | None]]],
+        page_size: int,
+    ) -> None:
         self._store = store
-        self._key = key
+        self._page = page
         self._page_size = page_size
-        self._after: int | None = None  # the last rowid read; None: start from the first
-        self._jobs: Iterator[Job] = iter(())
+        self._after: K | None = None  # the key of the last row read; None: from the first
+        self._items: Iterator[T] = iter(())
         self._finished = False
 
     def __aiter__(self) -> Self:
         return self
 
-    async def __anext__(self) -> Job:
-        job = next(self._jobs, None)
-        if job is not None:
-            return job
+    async def __anext__(self) -> T:
+        for item in self._items:
+            return item
         while not self._finished:
             backend = self._store._open()
             if backend.unmigrated is not None:
                 await backend.refuse_unmigrated()
-            op = partial(_sqlite.op_job_page, self._key, self._after, self._page_size)
             # The state moves only once the page is in hand: a read that fails or is cancelled
             # leaves the walk where it was, and iterating again reads the same page again.
-            jobs, after = await backend.read(op, small=self._page_size <= _SMALL_BATCH)
+            items, after = await backend.read(
+                self._page(self._after), small=self._page_size <= _SMALL_BATCH
+            )
             self._after = after
-            # A short page is the last one: every later job has a larger rowid than any read.
-            self._finished = len(jobs) < self._page_size
-            self._jobs = iter(jobs)
-            job = next(self._jobs, None)
-            if job is not None:
-                return job
+            # A short page is the last one: every later row comes after all those read.
+            self._finished = len(items) < self._page_size
+            self._items = iter(items)
+            for item in self._items:
+                return item
         raise StopAsyncIteration
 
 
@@ -420,7 +429,37 @@ class Store:
                 f"page_size must be an int from 1 to {_MAX_PAGE_SIZE}, got {shown(page_size)}; "
                 "pages of a few hundred to a few thousand jobs amortise each read's thread hop"
             )
-        return _JobWalk(self, key, size)
+        return _Walk(self, lambda after: partial(_sqlite.op_job_page, key, after, size), size)
+
+    def iter_runs(
+        self, *, status: RunStatus | None = None, page_size: int = 1000
+    ) -> AsyncIterator[Run]:
+        """Runs as ``list_runs`` orders them (newest first), only those with ``status`` if
+        given, read ``page_size`` at a time.
+
+        ``async for run in store.iter_runs(): ...`` walks any number of runs in memory bounded
+        by ``page_size``, as iter_jobs walks a run's jobs, with the same rules: each page is one
+        read of its own snapshot, resuming after the (created_at, rowid) of the last run read
+        (keyset pagination, one index walk per page); every run that existed when the walk
+        began is yielded once (one with ``status`` while it still has it when its page is
+        read), in its state then; a run inserted during the walk is yielded at most once (only
+        if created before the walk's position). Nothing is held open between pages, a failed
+        or cancelled page leaves the walk where it was, ``status`` and ``page_size`` are
+        checked when the walk is created (``InvalidInputError``), and a walk is for one task.
+        """
+        self._open()
+        key = (
+            None
+            if status is None
+            else _codec.run_status(status, what="status", also=", or None for every run").value
+        )
+        size = _int_from(page_size, 1, _MAX_PAGE_SIZE)
+        if size is None:
+            raise InvalidInputError(
+                f"page_size must be an int from 1 to {_MAX_PAGE_SIZE}, got {shown(page_size)}; "
+                "pages of a few hundred to a few thousand runs amortise each read's thread hop"
+            )
+        return _Walk(self, lambda after: partial(_sqlite.op_run_page, key, after, size), size)
 
     async def claim_next_run(self) -> Run | None:
         """Atomically move the oldest queued run to running and return it; None if none.
@@ -543,10 +582,11 @@ class Store:
     async def check(self) -> list[Problem]:
         """Look for inconsistencies without changing anything; [] means the store is sound.
 
-        One read snapshot. Each ``Problem`` names the table and the row's id, and its message
-        ends with the repair. The repairs that set or rewrite a value agree with each other:
-        after all of them the next check finds nothing. Repairs that restore, delete or
-        re-index rows may reveal more: check again after them. It finds:
+        Two read snapshots: the integrity check, then the schema and the rows. Each
+        ``Problem`` names the table and the row's id, and its message ends with the repair.
+        The repairs that set or rewrite a value agree with each other: after all of them the
+        next check finds nothing. Repairs that restore, delete or re-index rows may reveal
+        more: check again after them. It finds:
 
         - lines of SQLite's ``PRAGMA integrity_check`` (table "database"): an index missing or
           holding extra entries (repair: ``REINDEX``), a duplicate in a UNIQUE index, a NULL

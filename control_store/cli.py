@@ -267,20 +267,32 @@ def _clip(text: str, width: int) -> str:
     return text[: max(0, width - 1)] + "…" if width > 1 else text[:width]
 
 
-def _table(term: Terminal, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+def _table(
+    term: Terminal,
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    after: Sequence[int] | None = None,
+) -> list[int]:
     """Left-aligned columns; the last column is cut to the terminal's width. Every cell is
-    shown printable (see _printable)."""
+    shown printable (see _printable). Returns the widths used; ``after``: the widths of the
+    part of the same table printed before (its heading included), which a column keeps
+    unless this part's rows are wider."""
     rows = [[_printable(cell) for cell in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    if after is not None:
+        widths = [max(pair) for pair in zip(widths, after, strict=True)]
     fixed = sum(widths[:-1]) + 2 * (len(widths) - 1)
     widths[-1] = max(len(header[-1]), min(widths[-1], term.width - fixed))
-    heading = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()
-    term.print(term.paint(heading, "1"))
+    if after is None:
+        heading = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()
+        term.print(term.paint(heading, "1"))
     for row in rows:
         cells = [_clip(cell, w).ljust(w) for cell, w in zip(row, widths, strict=True)]
         status = row[1] if len(row) > 1 else ""
         cells[1] = term.paint(cells[1], _STATUS_COLOR.get(status, "0"))
         term.print("  ".join(cells).rstrip())
+    return widths
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,15 +535,21 @@ async def _open_for_status(args: argparse.Namespace) -> Store:
         return _track(args, await connect_any_version(url, busy_timeout=_busy_timeout(args)))
 
 
+# Runs per read when `runs --all` walks them: its memory is bounded by a page, not the runs.
+RUNS_PAGE_SIZE: Final = 1000
+
+
 async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
     """A table of runs, newest first, with a progress bar."""
-    limit = None if args.all else args.limit
+    if args.all:
+        async with await _open_existing(args) as store:
+            return await _all_runs(store, args, out)
+    limit = args.limit
     async with await _open_existing(args) as store:
         # One more than asked, to say whether there are more without counting them all (but
         # never past SQLite's largest integer).
-        ask = None if limit is None else min(limit + 1, _INT64_MAX)
-        runs = await store.list_runs(status=args.status, limit=ask)
-    more = limit is not None and len(runs) > limit
+        runs = await store.list_runs(status=args.status, limit=min(limit + 1, _INT64_MAX))
+    more = len(runs) > limit
     runs = runs[:limit]
     left_out = f"(newest {limit} shown; --limit N for more, --all for every run)"
     if args.json:
@@ -543,10 +561,61 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
             _complain(left_out)
         return EXIT_OK
     if not runs:
-        which = f"{args.status} runs" if args.status else "runs"
-        out.print(f"no {which} in {_shown(args)}")
+        out.print(_no_runs(args))
         return EXIT_OK
+    _runs_table(out, runs, datetime.now(UTC))
+    if more:
+        out.print(left_out)
+    return EXIT_OK
+
+
+async def _all_runs(store: Store, args: argparse.Namespace, out: Terminal) -> int:
+    """``runs --all``: every run, a page at a time (iter_runs), printed as each page comes, so
+    that a million runs need no more memory than a page (all at once, 1.5 GB for --json). The
+    JSON is the same document, written an item at a time; the table's columns are sized by its
+    first page, and widen where a later page needs it."""
     now = datetime.now(UTC)
+    widths: list[int] | None = None  # None: nothing printed yet
+
+    def emit(page: list[Run]) -> None:
+        nonlocal widths
+        if args.json:
+            items = ",\n".join(_indented(out.json(_run_json(run))) for run in page)
+            out.write(("[\n" if widths is None else ",\n") + items)
+            widths = []
+        else:
+            widths = _runs_table(out, page, now, after=widths)
+
+    page: list[Run] = []
+    async for run in store.iter_runs(status=args.status, page_size=RUNS_PAGE_SIZE):
+        page.append(run)
+        if len(page) == RUNS_PAGE_SIZE:
+            emit(page)
+            page = []
+    if page:
+        emit(page)
+    if widths is None:
+        out.print("[]" if args.json else _no_runs(args))
+    elif args.json:
+        out.print("\n]")
+    return EXIT_OK
+
+
+def _indented(text: str) -> str:
+    """``text``, every line two spaces further in: an item of an indented JSON list."""
+    return "\n".join(f"  {line}" for line in text.split("\n"))
+
+
+def _no_runs(args: argparse.Namespace) -> str:
+    which = f"{args.status} runs" if args.status else "runs"
+    return f"no {which} in {_shown(args)}"
+
+
+def _runs_table(
+    out: Terminal, runs: Sequence[Run], now: datetime, *, after: list[int] | None = None
+) -> list[int]:
+    """The table of ``runs`` (or its next part, ``after`` the widths of the part before);
+    returns the widths used."""
     header = ["RUN ID", "STATUS", "PROGRESS", "AGE", "MANIFEST", "MODELS"]
     rows = [
         [
@@ -558,13 +627,13 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
         ]
         for run in runs
     ]
-    used = sum(max(len(h), *(len(r[i]) for r in rows)) + 2 for i, h in enumerate(header[:-1]))
+    used = sum(
+        max(len(h), *(len(r[i]) for r in rows), *([] if after is None else [after[i]])) + 2
+        for i, h in enumerate(header[:-1])
+    )
     for row, run in zip(rows, runs, strict=True):
         row.append(_fit_names([_printable(m) for m in run.models], out.width - used))
-    _table(out, header, rows)
-    if more:
-        out.print(left_out)
-    return EXIT_OK
+    return _table(out, header, rows, after=after)
 
 
 def _run_json(run: Run) -> dict[str, object]:

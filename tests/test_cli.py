@@ -208,6 +208,45 @@ def test_runs_json_says_on_stderr_when_runs_were_left_out(
     assert [r["id"] for r in json.loads(out)] == [str(runs[-1].id)]
 
 
+@pytest.mark.parametrize("count", [0, 3, 7])
+def test_runs_all_is_read_and_written_a_page_at_a_time(
+    capsys: pytest.CaptureFixture[str],
+    db_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    count: int,
+) -> None:
+    """runs --all walks the runs a page at a time (never list_runs, which would hold them all:
+    1.5 GB for a million), and prints as it goes: --json is the very document a single list
+    gives, and the table has one heading, every run once, newest first, its columns aligned."""
+    runs = asyncio.run(_populate_many(db_path, count))[::-1]
+    monkeypatch.setattr(cli, "RUNS_PAGE_SIZE", 3)
+
+    async def no_whole_list(*args: Any, **kwargs: Any) -> list[Run]:
+        raise AssertionError("runs --all read every run at once")
+
+    monkeypatch.setattr(Store, "list_runs", no_whole_list)
+    code, out, err = run_cli(capsys, "runs", "--json", "--all", "--url", str(db_path))
+    assert (code, err) == (0, "")
+    expected = asyncio.run(_stored_in_order(db_path))
+    assert expected == runs
+    assert out == cli._json([cli._run_json(run) for run in expected]) + "\n"
+    code, out, err = run_cli(capsys, "runs", "--all", "--url", str(db_path))
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    if not runs:
+        assert lines == [f"no runs in {db_path}"]
+        return
+    assert lines[0].split()[:2] == ["RUN", "ID"]
+    assert [line.split()[0] for line in lines[1:]] == [str(run.id) for run in runs]
+    assert len({line.index(" queued") for line in lines[1:]}) == 1
+
+
+async def _stored_in_order(path: Path) -> list[Run]:
+    """Every run at ``path``, newest first, read through iter_runs."""
+    async with Store.connect(path) as store:
+        return [run async for run in store.iter_runs()]
+
+
 def test_json_gives_created_at_as_the_store_writes_it(
     capsys: pytest.CaptureFixture[str], db_path: Path
 ) -> None:
