@@ -96,6 +96,17 @@ _SMALL_BATCH = 256
 # stay a few tens of MB even with large outputs, which is what bounding the walk's memory is for.
 _MAX_PAGE_SIZE = 100_000
 
+def _page_size(page_size: object, *, rows: str) -> int:
+    """A walk's ``page_size``, checked; ``rows``: what a page holds, for the message."""
+    size = _int_from(page_size, 1, _MAX_PAGE_SIZE)
+    if size is None:
+        raise InvalidInputError(
+            f"page_size must be an int from 1 to {_MAX_PAGE_SIZE}, got {shown(page_size)}; "
+            f"pages of a few hundred to a few thousand {rows} amortise each read's thread hop"
+        )
+    return size
+
+
 T = TypeVar("T")
 K = TypeVar("K")  # a walk's key: the last row read, to continue after
 
@@ -423,12 +434,7 @@ class Store:
         """
         self._open()
         key = _id(run_id, what="run_id")
-        size = _int_from(page_size, 1, _MAX_PAGE_SIZE)
-        if size is None:
-            raise InvalidInputError(
-                f"page_size must be an int from 1 to {_MAX_PAGE_SIZE}, got {shown(page_size)}; "
-                "pages of a few hundred to a few thousand jobs amortise each read's thread hop"
-            )
+        size = _page_size(page_size, rows="jobs")
         return _Walk(self, lambda after: partial(_sqlite.op_job_page, key, after, size), size)
 
     def iter_runs(
@@ -453,12 +459,7 @@ class Store:
             if status is None
             else _codec.run_status(status, what="status", also=", or None for every run").value
         )
-        size = _int_from(page_size, 1, _MAX_PAGE_SIZE)
-        if size is None:
-            raise InvalidInputError(
-                f"page_size must be an int from 1 to {_MAX_PAGE_SIZE}, got {shown(page_size)}; "
-                "pages of a few hundred to a few thousand runs amortise each read's thread hop"
-            )
+        size = _page_size(page_size, rows="runs")
         return _Walk(self, lambda after: partial(_sqlite.op_run_page, key, after, size), size)
 
     async def claim_next_run(self) -> Run | None:

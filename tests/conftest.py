@@ -166,6 +166,31 @@ async def orphaned_jobs(path: Path) -> tuple[Run, list[Job]]:
     return run, jobs
 
 
+@contextlib.asynccontextmanager
+async def traced(store: Store) -> AsyncIterator[list[str]]:
+    """Every statement the store's connection runs inside the block, in order (a trace
+    callback on it, removed at the block's end)."""
+    backend = store._backend
+    assert backend is not None
+    statements: list[str] = []
+    await backend.read(lambda conn: conn.set_trace_callback(statements.append))
+    try:
+        yield statements
+    finally:
+        await backend.read(lambda conn: conn.set_trace_callback(None))
+
+
+def query_plan(sql: str, params: tuple[object, ...]) -> list[str]:
+    """EXPLAIN QUERY PLAN's lines for ``sql`` on the schema the shipped migrations make."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        for migration in _migrate.load_migrations("sqlite"):
+            conn.executescript(migration.sql)
+        return [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
+    finally:
+        conn.close()
+
+
 async def group_in_flight(store: Store) -> asyncio.Future[None]:
     """A write that occupies the thread, so calls made now queue for the next group."""
     ahead = asyncio.ensure_future(store.insert_run(make_run()))

@@ -25,6 +25,7 @@ from conftest import (
     make_run,
     raw_db,
     sized,
+    traced,
 )
 
 JOBS_PER_RUN = 10
@@ -157,29 +158,35 @@ async def test_a_claim_cancelled_before_it_starts_claims_nothing(
             await store.insert_run(make_run())
         backend = store._backend
         assert backend is not None
-        statements: list[str] = []
-        await backend.read(lambda conn: conn.set_trace_callback(statements.append))
-        gate = threading.Event()
-        occupied = _sqlite.on_thread(backend._conn, lambda: gate.wait(CALL_TIMEOUT))
-        try:
-            ahead = None
-            if behind == "a write":  # becomes the write in flight: the claim queues for a group
-                ahead = asyncio.ensure_future(store.insert_run(make_run()))
-                await asyncio.sleep(0)
-            claim = asyncio.ensure_future(store.claim_runs(2))
-            await asyncio.sleep(0)
-            claim.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await claim
-        finally:
-            gate.set()
-        await occupied
-        if ahead is not None:
-            await ahead
-        await backend.read(lambda conn: conn.set_trace_callback(None))
+        async with traced(store) as statements:
+            await _cancel_a_claim_while_queued(store, backend, behind)
         assert not [sql for sql in statements if "UPDATE runs" in sql], statements
         assert RunStatus.RUNNING.value not in _statuses(store)
-        assert len(await store.claim_runs(3)) == (2 if ahead is None else 3)
+        assert len(await store.claim_runs(3)) == (2 if behind == "a read" else 3)
+
+
+async def _cancel_a_claim_while_queued(
+    store: Store, backend: _sqlite.SqliteBackend, behind: str
+) -> None:
+    """Hold the store's thread, queue a claim behind a read (or behind a write, in the group
+    commit's queue), cancel it, then let everything run."""
+    gate = threading.Event()
+    occupied = _sqlite.on_thread(backend._conn, lambda: gate.wait(CALL_TIMEOUT))
+    try:
+        ahead = None
+        if behind == "a write":  # becomes the write in flight: the claim queues for a group
+            ahead = asyncio.ensure_future(store.insert_run(make_run()))
+            await asyncio.sleep(0)
+        claim = asyncio.ensure_future(store.claim_runs(2))
+        await asyncio.sleep(0)
+        claim.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await claim
+    finally:
+        gate.set()
+    await occupied
+    if ahead is not None:
+        await ahead
 
 
 class _HeldClaim:

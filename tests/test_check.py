@@ -24,7 +24,7 @@ from control_store import (
     _codec,
 )
 
-from conftest import make_jobs, make_run, orphaned_jobs, raw_db, stored_run
+from conftest import make_jobs, make_run, orphaned_jobs, raw_db, stored_run, traced
 
 # runs' columns but id, in table order: a hand copy of a run is INSERT ... SELECT <id>, these.
 _RUN_COLUMNS: Final = (
@@ -1107,12 +1107,8 @@ async def test_check_ends_its_integrity_snapshot_before_it_reads_the_rows(db_pat
         run = make_run()
         await store.insert_run(run)
         await store.insert_jobs(make_jobs(run))
-        backend = store._backend
-        assert backend is not None
-        statements: list[str] = []
-        await backend.read(lambda conn: conn.set_trace_callback(statements.append))
-        assert await store.check() == []
-        await backend.read(lambda conn: conn.set_trace_callback(None))
+        async with traced(store) as statements:
+            assert await store.check() == []
     integrity = statements.index("PRAGMA integrity_check")
     first_row_read = next(
         i for i, sql in enumerate(statements) if i > integrity and "FROM runs" in sql

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,11 +15,10 @@ from control_store import (
     RunStatus,
     Store,
     StoreClosedError,
-    _migrate,
     _sqlite,
 )
 
-from conftest import make_run, raw_db
+from conftest import make_run, query_plan, raw_db
 
 BASE = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -96,14 +94,7 @@ def test_a_page_is_one_walk_of_an_index_from_where_the_last_ended(
 ) -> None:
     """Each page seeks to the walk's position in an index and reads on in its order: page k
     costs what page 1 does, with no sort."""
-    conn = sqlite3.connect(":memory:")
-    try:
-        for migration in _migrate.load_migrations("sqlite"):
-            conn.executescript(migration.sql)
-        details = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
-    finally:
-        conn.close()
-    assert details == [plan]
+    assert query_plan(sql, params) == [plan]
 
 
 async def test_a_walk_yields_each_run_once_in_its_state_when_its_page_was_read(

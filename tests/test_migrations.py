@@ -32,6 +32,7 @@ from conftest import (
     make_jobs,
     make_run,
     raw_db,
+    traced,
     with_second_migration,
 )
 
@@ -497,12 +498,8 @@ async def test_a_refused_call_reads_the_schema_again_once_another_store_migrated
             pass
         await store.insert_run(run)
         await store.insert_jobs(make_jobs(run))
-        backend = store._backend
-        assert backend is not None
-        trace: list[str] = []
-        await backend.read(lambda conn: conn.set_trace_callback(trace.append))
-        assert await store.get_run(run.id) == run
+        async with traced(store) as trace:
+            assert await store.get_run(run.id) == run
         assert len(trace) == 1  # the run's SELECT alone: no schema read before it
-        await backend.read(lambda conn: conn.set_trace_callback(None))
         assert await store.migrate() == []
         assert await store.check() == []

@@ -32,11 +32,10 @@ from control_store import (
     Store,
     StoreClosedError,
     WrongRunError,
-    _migrate,
     _sqlite,
 )
 
-from conftest import group_in_flight, make_jobs, make_run
+from conftest import group_in_flight, make_jobs, make_run, query_plan
 
 
 async def test_insert_then_get_run(store: Store) -> None:
@@ -789,11 +788,4 @@ def test_the_newest_runs_are_one_index_walk_whatever_the_table_holds(
     """list_runs() with or without a status walks an index in its order, with no sort of the
     whole table (once about 1 s a call at a million runs, holding the store's connection), and
     the claims still seek the status index: on the schema the shipped migrations make."""
-    conn = sqlite3.connect(":memory:")
-    try:
-        for migration in _migrate.load_migrations("sqlite"):
-            conn.executescript(migration.sql)
-        details = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
-    finally:
-        conn.close()
-    assert details == plan
+    assert query_plan(sql, params) == plan
