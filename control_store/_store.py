@@ -96,6 +96,7 @@ _SMALL_BATCH = 256
 # stay a few tens of MB even with large outputs, which is what bounding the walk's memory is for.
 _MAX_PAGE_SIZE = 100_000
 
+
 def _page_size(page_size: object, *, rows: str) -> int:
     """A walk's ``page_size``, checked; ``rows``: what a page holds, for the message."""
     size = _int_from(page_size, 1, _MAX_PAGE_SIZE)
