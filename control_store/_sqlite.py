@@ -166,16 +166,31 @@ SELECT_RUNS_BY_STATUS: Final = (
     f"SELECT {_RUN_COLUMNS} FROM runs WHERE status = ? ORDER BY created_at DESC, rowid DESC LIMIT ?"
 )
 # iter_runs' pages: list_runs' order, each page after the (created_at, rowid) of the last run of
-# the page before (a row value: created_at first, rowid for ties), one walk of idx_runs_created
-# or idx_runs_status.
+# the page before, through idx_runs_created or idx_runs_status. The next page is the rest of the
+# last run's created_at (rowid below its rowid) and then the older created_at values, each one
+# range seek, merged (at most twice the page, sorted): the row value (created_at, rowid) < (?, ?)
+# seeks on created_at alone and filters rowid, so every page re-read the ties already walked,
+# quadratic over runs submitted with one created_at (200k: each page 50k steps slower).
 _RUN_PAGE: Final = f"SELECT created_at, rowid, {_RUN_COLUMNS} FROM runs"
 _RUN_PAGE_ORDER: Final = "ORDER BY created_at DESC, rowid DESC LIMIT ?"
+_TIES_FIRST: Final = "ORDER BY 1 DESC, 2 DESC LIMIT ?"  # by created_at, rowid: the merge
+
+
+def _next_run_page(where: str) -> str:
+    """The next page's SQL, with ``where`` (ending in AND, or empty) before its own conditions:
+    the parameters are where's, created_at, rowid, limit, where's, created_at, limit, limit."""
+    return (
+        f"SELECT * FROM ({_RUN_PAGE} WHERE {where} created_at = ? AND rowid < ? "
+        "ORDER BY rowid DESC LIMIT ?) "
+        f"UNION ALL SELECT * FROM ({_RUN_PAGE} WHERE {where} created_at < ? {_RUN_PAGE_ORDER}) "
+        f"{_TIES_FIRST}"
+    )
+
+
 SELECT_FIRST_RUN_PAGE: Final = f"{_RUN_PAGE} {_RUN_PAGE_ORDER}"
-SELECT_NEXT_RUN_PAGE: Final = f"{_RUN_PAGE} WHERE (created_at, rowid) < (?, ?) {_RUN_PAGE_ORDER}"
+SELECT_NEXT_RUN_PAGE: Final = _next_run_page("")
 SELECT_FIRST_RUN_PAGE_BY_STATUS: Final = f"{_RUN_PAGE} WHERE status = ? {_RUN_PAGE_ORDER}"
-SELECT_NEXT_RUN_PAGE_BY_STATUS: Final = (
-    f"{_RUN_PAGE} WHERE status = ? AND (created_at, rowid) < (?, ?) {_RUN_PAGE_ORDER}"
-)
+SELECT_NEXT_RUN_PAGE_BY_STATUS: Final = _next_run_page("status = ? AND")
 
 # The check's view of every run's counters beside what its jobs say. A job counts as done when
 # it has an outcome, not by its status: the check's repair for a job whose status disagrees
@@ -304,13 +319,32 @@ def _percent_decoded(url: str, path: str) -> str:
     if "%" not in path:
         return path
     try:
-        return urllib.parse.unquote(path, errors="strict")
+        decoded = urllib.parse.unquote(path, errors="strict")
     except UnicodeDecodeError as exc:
         raise ConfigurationError(
             f"URL {redact(url)!r} percent-encodes bytes that are not UTF-8 ({exc.reason}); "
             "nothing was opened: encode the name's UTF-8 bytes (%C3%A9 for é), or pass the "
             "path itself, as a str or a pathlib.Path"
         ) from exc
+    if decoded == path:
+        return path
+    if "\0" in decoded:
+        raise ConfigurationError(
+            f"URL {redact(url)!r} names a path holding a NUL character (%00), which no file "
+            "name can; nothing was opened: check how the URL was built"
+        )
+    # Releases before this one took the escapes as they are: a file they made under this
+    # URL is named with them. Opening the decoded name would create a new, empty database
+    # beside it, and every run in the old one would seem gone.
+    if not os.path.lexists(decoded) and os.path.lexists(path):
+        raise ConfigurationError(
+            f"URL {redact(url)!r} names {decoded!r}, since a sqlite URL's %XX escapes are "
+            f"decoded (as sqlx reads it), and no such file exists, but {path!r} does, made by "
+            "a release of control_store that kept the escapes; nothing was opened: rename "
+            f"{path!r} to {decoded!r} (with every process stopped, its -wal and -shm files "
+            f"too), or pass {path!r} itself as a plain path"
+        )
+    return decoded
 
 
 def has_scheme(text: str) -> bool:
@@ -1625,7 +1659,8 @@ def op_run_page(
         params = (*by_status, limit)
     else:
         sql = SELECT_NEXT_RUN_PAGE if status is None else SELECT_NEXT_RUN_PAGE_BY_STATUS
-        params = (*by_status, *after, limit)
+        created_at, rowid = after
+        params = (*by_status, created_at, rowid, limit, *by_status, created_at, limit, limit)
     rows = _leniently(conn, lambda: conn.execute(sql, params).fetchall())
     if not rows:
         return [], after

@@ -587,3 +587,27 @@ async def test_a_sqlite_urls_percent_escapes_are_decoded_as_sqlx_does(
     with pytest.raises(ConfigurationError, match=r"not UTF-8.*nothing was opened"):
         await Store.connect("sqlite://bad%FF.db")
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+async def test_a_file_an_older_release_made_under_an_escaped_url_is_not_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Releases before the URL decoding named the file sqlite://old%20runs.db opened
+    "old%20runs.db". With that file there and no "old runs.db", the URL is refused, naming both
+    and the rename, rather than opening a new, empty database beside the old one; a %00 is
+    refused naming the URL typed; nothing is created either way."""
+    monkeypatch.chdir(tmp_path)
+    run = make_run()
+    async with Store.connect(Path("old%20runs.db")) as store:  # as the older release named it
+        await store.insert_run(run)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for options in ({}, {"read_only": True}):
+        with pytest.raises(
+            ConfigurationError, match=r"names 'old runs.db'.*'old%20runs.db' does.*rename"
+        ):
+            await Store.connect("sqlite://old%20runs.db", **options)
+    with pytest.raises(ConfigurationError, match=r"URL 'sqlite://a%00b.db' .* NUL"):
+        await Store.connect("sqlite://a%00b.db")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    async with Store.connect(Path("old%20runs.db")) as store:
+        assert await store.list_runs() == [run]

@@ -205,8 +205,10 @@ async def test_check_finds_a_dropped_execution_time_and_its_repair_works(
 
 @pytest.mark.parametrize(
     ("lost", "refusals"),
-    [(f"version = {SHIPPED[-1][0]}", 1), ("1 = 1", len(SHIPPED))],
-    ids=["newest-row", "every-row"],
+    # 0003 makes its index IF NOT EXISTS: run again, it just records itself, so the refusals
+    # are for 0002, and 0001.
+    [("version >= 2", 1), ("1 = 1", 2)],
+    ids=["newest-rows", "every-row"],
 )
 async def test_a_lost_tracking_row_gets_its_insert_as_the_repair(
     db_path: Path, lost: str, refusals: int
@@ -233,6 +235,8 @@ async def test_a_lost_tracking_row_gets_its_insert_as_the_repair(
     async with Store.connect(db_path) as store:
         assert await store.get_run(run.id) == run
         assert await store.check() == []
+        applied = [m.version for m in await store.migration_status() if m.installed_on]
+        assert applied == [version for version, _ in SHIPPED]
 
 
 async def test_failed_migration_is_refused(db_path: Path) -> None:
@@ -502,4 +506,31 @@ async def test_a_refused_call_reads_the_schema_again_once_another_store_migrated
             assert await store.get_run(run.id) == run
         assert len(trace) == 1  # the run's SELECT alone: no schema read before it
         assert await store.migrate() == []
+        assert await store.check() == []
+
+
+async def test_an_index_made_by_hand_under_0003s_name_is_no_lost_migration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database of the release before 0003_runs_created, with an index of the same name made
+    by hand (for the same slow listing), other columns: the migration applies (not "its row
+    was lost"), check() names the index as not made as this release makes it, and its repair,
+    made as given, leaves nothing to find."""
+    path = tmp_path / "v2.db"
+    before = [m for m in load_migrations("sqlite") if m.version < 3]
+    monkeypatch.setattr(_migrate, "load_migrations", lambda b, d=None: before)
+    async with Store.connect(path):
+        pass
+    monkeypatch.undo()
+    with raw_db(path) as conn:
+        conn.execute("CREATE INDEX idx_runs_created ON runs (created_at DESC, id)")
+    async with Store.connect(path) as store:
+        assert [m.version for m in await store.migration_status() if m.installed_on] == [
+            version for version, _ in SHIPPED
+        ]
+        (problem,) = await store.check()
+    assert "lacks index idx_runs_created" in problem.message
+    follow_advice(path, problem.message, r"make it again: (DROP INDEX \w+); ")
+    follow_advice(path, problem.message, r"; (CREATE INDEX .*)$")
+    async with Store.connect(path) as store:
         assert await store.check() == []
