@@ -22,9 +22,18 @@ from control_store import (
     Problem,
     Store,
     _codec,
+    _sqlite,
 )
 
-from conftest import make_jobs, make_run, orphaned_jobs, raw_db, stored_run, traced
+from conftest import (
+    follow_advice,
+    make_jobs,
+    make_run,
+    orphaned_jobs,
+    raw_db,
+    stored_run,
+    traced,
+)
 
 # runs' columns but id, in table order: a hand copy of a run is INSERT ... SELECT <id>, these.
 _RUN_COLUMNS: Final = (
@@ -190,6 +199,29 @@ async def test_a_job_whose_run_is_missing_is_named_by_its_id(db_path: Path) -> N
             f"job {problem.row_id} refers to run {run.id}, which does not exist; restore run "
             f"{run.id} from a backup, or delete this job"
         )
+
+
+async def test_the_jobs_of_a_missing_run_past_a_hundred_get_one_finding(db_path: Path) -> None:
+    """A run deleted by hand leaves all its jobs without it: the first hundred get a finding
+    each, the rest one together (a run of a million jobs gave a million findings, 241 MB of
+    output), naming the first of them, how many, and the DELETE for them all; made as given,
+    nothing is left to find."""
+    run, jobs = await stored_run(db_path, job_count=_sqlite._ORPHANS_NAMED + 3)
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("DELETE FROM runs")
+    problems = await _check(db_path)
+    assert [p.row_id for p in problems] == [
+        str(job.id) for job in jobs[: _sqlite._ORPHANS_NAMED + 1]
+    ]
+    *each, together = problems
+    assert all(f"refers to run {run.id}, which does not exist" in p.message for p in each)
+    assert together.message.startswith(
+        f"job {jobs[_sqlite._ORPHANS_NAMED].id} and 2 more jobs with run_id {run.id} have the "
+        "finding of the 100 jobs named above"
+    )
+    follow_advice(db_path, together.message, r"at once: (DELETE FROM jobs WHERE .*)$")
+    assert await _check(db_path) == []
 
 
 def _unindexed_job(db_path: Path) -> None:
