@@ -271,7 +271,10 @@ SELECT_OBJECTS: Final = (
 )
 SELECT_COLUMNS: Final = "SELECT * FROM pragma_table_info(?)"
 SELECT_FOREIGN_KEYS: Final = "SELECT * FROM pragma_foreign_key_list(?)"
-SELECT_INDEX_COLUMNS: Final = "SELECT * FROM pragma_index_info(?) ORDER BY seqno"
+# index_xinfo, not index_info: with each key column's order and collation, which decide what
+# the index can serve (one made COLLATE NOCASE serves no ORDER BY created_at, and each page of
+# iter_runs then scanned the table while check() called the index sound).
+SELECT_INDEX_COLUMNS: Final = "SELECT * FROM pragma_index_xinfo(?) ORDER BY seqno"
 SELECT_INDEXES: Final = "SELECT * FROM pragma_index_list(?)"
 SELECT_APPLIED: Final = (
     f"SELECT version, description, checksum, success, installed_on "
@@ -336,7 +339,7 @@ def _percent_decoded(url: str, path: str) -> str:
     # Releases before this one took the escapes as they are: a file they made under this
     # URL is named with them. Opening the decoded name would create a new, empty database
     # beside it, and every run in the old one would seem gone.
-    if not os.path.lexists(decoded) and os.path.lexists(path):
+    if not os.path.lexists(decoded) and os.path.isfile(path):
         raise ConfigurationError(
             f"URL {redact(url)!r} names {decoded!r}, since a sqlite URL's %XX escapes are "
             f"decoded (as sqlx reads it), and no such file exists, but {path!r} does, made by "
@@ -1768,7 +1771,11 @@ def _shape(conn: sqlite3.Connection, kind: str, name: str, table: str) -> _Shape
     """(columns, foreign keys, flags) of the table or index ``name`` (of ``table``), as _Part
     holds them."""
     if kind == "index":
-        keyed = tuple((str(row[2]).lower(),) for row in conn.execute(SELECT_INDEX_COLUMNS, (name,)))
+        keyed = tuple(
+            (str(row[2]).lower(), row[3], str(row[4]).upper())  # name, DESC, collation
+            for row in conn.execute(SELECT_INDEX_COLUMNS, (name,))
+            if row[5]  # a key column, not the rowid every index carries after them
+        )
         flags = next(
             (
                 (row[2], row[4])

@@ -224,6 +224,32 @@ async def test_the_jobs_of_a_missing_run_past_a_hundred_get_one_finding(db_path:
     assert await _check(db_path) == []
 
 
+@pytest.mark.parametrize(
+    ("index", "remade"),
+    [
+        ("idx_runs_created", "runs (created_at COLLATE NOCASE)"),
+        ("idx_runs_status", "runs (status COLLATE NOCASE, created_at)"),
+        ("idx_jobs_run", "jobs (run_id DESC)"),
+    ],
+)
+async def test_an_index_remade_with_another_collation_or_order_is_found(
+    db_path: Path, index: str, remade: str
+) -> None:
+    """An index of this release's name remade on the same columns with another collation or
+    order serves other queries (one COLLATE NOCASE serves no ORDER BY created_at: every page of
+    iter_runs scanned the table) and is reported, with the DROP and CREATE that make it again;
+    made as given, nothing is left to find."""
+    await stored_run(db_path)
+    with raw_db(db_path) as conn:
+        conn.execute(f"DROP INDEX {index}")
+        conn.execute(f"CREATE INDEX {index} ON {remade}")
+    (problem,) = await _check(db_path)
+    assert f"lacks index {index} as this release made it" in problem.message
+    follow_advice(db_path, problem.message, r"make it again: (DROP INDEX \w+); ")
+    follow_advice(db_path, problem.message, r"; (CREATE INDEX .*)$")
+    assert await _check(db_path) == []
+
+
 def _unindexed_job(db_path: Path) -> None:
     """Insert a job row that idx_jobs_run does not hold, as a crash or bad copy could leave."""
     with raw_db(db_path) as conn:

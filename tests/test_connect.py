@@ -595,7 +595,8 @@ async def test_a_file_an_older_release_made_under_an_escaped_url_is_not_replaced
     """Releases before the URL decoding named the file sqlite://old%20runs.db opened
     "old%20runs.db". With that file there and no "old runs.db", the URL is refused, naming both
     and the rename, rather than opening a new, empty database beside the old one; a %00 is
-    refused naming the URL typed; nothing is created either way."""
+    refused naming the URL typed; nothing is created either way. A directory under the escaped
+    name is no such file."""
     monkeypatch.chdir(tmp_path)
     run = make_run()
     async with Store.connect(Path("old%20runs.db")) as store:  # as the older release named it
@@ -611,3 +612,9 @@ async def test_a_file_an_older_release_made_under_an_escaped_url_is_not_replaced
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     async with Store.connect(Path("old%20runs.db")) as store:
         assert await store.list_runs() == [run]
+    # A directory (or a dangling link) under the escaped name is no database an older release
+    # made: the URL names the decoded file, as for any other.
+    (tmp_path / "dir%20x.db").mkdir()
+    async with Store.connect("sqlite://dir%20x.db"):
+        pass
+    assert (tmp_path / "dir x.db").is_file()
