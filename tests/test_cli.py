@@ -241,6 +241,24 @@ def test_runs_all_is_read_and_written_a_page_at_a_time(
     assert len({line.index(" queued") for line in lines[1:]}) == 1
 
 
+def test_runs_all_exits_1_naming_a_row_a_later_page_cannot_read(
+    capsys: pytest.CaptureFixture[str], db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """runs --all meeting a row it cannot read on a later page exits 1 with the error naming
+    the row on stderr, after the pages before it were printed."""
+    runs = asyncio.run(_populate_many(db_path, 7))  # oldest first: the last page's is runs[0]
+    with raw_db(db_path) as conn:
+        conn.execute("UPDATE runs SET epochs = 'many' WHERE id = ?", (str(runs[0].id),))
+    monkeypatch.setattr(cli, "RUNS_PAGE_SIZE", 3)
+    for json_flag in ([], ["--json"]):
+        code, out, err = run_cli(capsys, "runs", "--all", *json_flag, "--url", str(db_path))
+        assert code == 1
+        assert str(runs[-1].id) in out  # the first page was printed
+        assert str(runs[0].id) in err
+        assert "epochs" in err
+        assert len(err.splitlines()) == 1
+
+
 async def _stored_in_order(path: Path) -> list[Run]:
     """Every run at ``path``, newest first, read through iter_runs."""
     async with Store.connect(path) as store:

@@ -142,6 +142,24 @@ async def test_a_walk_yields_each_run_once_in_its_state_when_its_page_was_read(
     assert all(run.status is RunStatus.RUNNING for run in seen[2:6])
 
 
+async def test_a_status_walk_leaves_out_a_run_whose_status_changed_before_its_page(
+    store: Store,
+) -> None:
+    """A walk of queued runs: a run claimed before its page is read is not yielded (it is
+    running by then), one claimed after its page was read was yielded as queued."""
+    for i in range(6):
+        await store.insert_run(make_run(created_at=BASE + timedelta(seconds=i)))
+    queued = await store.list_runs(status=RunStatus.QUEUED)
+    walk = store.iter_runs(status=RunStatus.QUEUED, page_size=2)
+    seen = [await anext(walk)]
+    claimed = await store.claim_next_run()  # the oldest: on the walk's last page
+    assert claimed is not None
+    assert claimed.id == queued[-1].id
+    seen += [run async for run in walk]
+    assert [run.id for run in seen] == [run.id for run in queued[:-1]]
+    assert all(run.status is RunStatus.QUEUED for run in seen)
+
+
 async def test_a_corrupt_row_mid_walk_raises_naming_it(db_path: Path) -> None:
     """The pages before a bad row are yielded, then CorruptRowError names it, again if retried."""
     async with Store.connect(db_path) as store:

@@ -78,7 +78,8 @@ def wal_is_empty(path: Path) -> bool:
 
 
 async def test_every_read_works_on_a_read_only_store(db_path: Path) -> None:
-    """get_run, get_job, list_jobs, list_runs, check and migration_status all answer."""
+    """get_run, get_job, list_jobs, iter_jobs, list_runs, iter_runs, check and
+    migration_status all answer."""
     run, jobs = await populate(db_path)
     async with Store.connect(db_path) as store:
         expected = (await store.get_run(run.id), await store.list_jobs(run.id))
@@ -91,6 +92,8 @@ async def test_every_read_works_on_a_read_only_store(db_path: Path) -> None:
         assert await store.get_job(jobs[0].id) == expected[1][0]
         assert await store.list_runs() == expected_runs
         assert await store.list_runs(status=RunStatus.QUEUED, limit=1) == expected_runs[:1]
+        assert [r async for r in store.iter_runs(page_size=1)] == expected_runs
+        assert [j async for j in store.iter_jobs(run.id, page_size=1)] == expected[1]
         assert await store.check() == []
         assert await store.migration_status() == expected_status
     assert store.read_only  # closed: still the kind of store it was opened as
