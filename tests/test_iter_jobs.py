@@ -17,8 +17,10 @@ from control_store import (
     Job,
     JobOutcome,
     JobStatus,
+    Run,
     Store,
     StoreClosedError,
+    _codec,
     _sqlite,
 )
 
@@ -288,3 +290,33 @@ async def test_closing_the_store_mid_walk_ends_it_with_store_closed(store: Store
     assert await anext(walk) == jobs[1]  # the page in hand
     with pytest.raises(StoreClosedError):
         await anext(walk)
+
+
+@pytest.mark.parametrize("rowid", [0, -(2**63)])
+async def test_a_job_at_any_rowid_is_walked_as_list_jobs_returns_it(
+    db_path: Path, rowid: int
+) -> None:
+    """A job row inserted by hand with rowid 0 or the least rowid SQLite allows: the first page
+    starts below any rowid, so the walk yields every job list_jobs returns (a first page read
+    as "after rowid 0" dropped it while check() called the store sound)."""
+    async with Store.connect(db_path) as store:
+        jobs = await _run_with_jobs(store, 4, room=1)
+    extra = make_jobs(await _run_of(db_path, jobs[0]), 1)[0]
+    with raw_db(db_path) as conn:
+        conn.execute(
+            f"INSERT INTO jobs (rowid, {_codec.JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (rowid, *_codec.job_params(extra)),
+        )
+        conn.execute("UPDATE runs SET job_rows = job_rows + 1 WHERE id = ?", (str(extra.run_id),))
+    async with Store.connect(db_path) as store:
+        listed = await store.list_jobs(extra.run_id)
+        assert listed[0] == extra
+        assert [job async for job in store.iter_jobs(extra.run_id, page_size=2)] == listed
+        assert await store.check() == []
+
+
+async def _run_of(db_path: Path, job: Job) -> Run:
+    async with Store.connect(db_path) as store:
+        run = await store.get_run(job.run_id)
+    assert run is not None
+    return run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -259,3 +260,46 @@ async def test_a_huge_unreadable_value_is_shown_cut_in_messages_and_findings(
         assert f"({len(repr(outcome))} characters in all)" in message
         assert message.endswith("repair the row by hand or restore it from a backup")
         assert "$.score" in message
+
+
+# Which writes read which of a run's counters: a record advances done_count up to job_count,
+# an insert of jobs adds to job_rows up to job_count.
+_COUNTER_WRITES = {
+    "done_count": ("record_job_outcome", "record_job_outcomes"),
+    "job_count": ("record_job_outcome", "record_job_outcomes", "insert_jobs"),
+    "job_rows": ("insert_jobs",),
+}
+
+
+@pytest.mark.parametrize("column", sorted(_COUNTER_WRITES))
+async def test_a_counter_edited_into_text_refuses_every_write_that_reads_it(
+    db_path: Path, column: str
+) -> None:
+    """A run's counter edited by hand into text: each write whose guard reads it (recording an
+    outcome, one or a batch; inserting jobs) raises the CorruptRowError naming that cell and
+    changes nothing, rather than overwriting it, or letting jobs past a job_count that can no
+    longer be compared."""
+    run = make_run(job_count=4)
+    jobs = make_jobs(run)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+        await store.insert_jobs(jobs[:2])
+    with raw_db(db_path) as conn:
+        conn.execute(f"UPDATE runs SET {column} = 'abc'")
+        before = conn.execute("SELECT * FROM runs").fetchall()
+    async with Store.connect(db_path) as store:
+        writes: dict[str, Callable[[], Awaitable[object]]] = {
+            "record_job_outcome": lambda: store.record_job_outcome(run.id, JobOutcome(jobs[0].id)),
+            "record_job_outcomes": lambda: store.record_job_outcomes(
+                run.id, [JobOutcome(jobs[1].id)]
+            ),
+            "insert_jobs": lambda: store.insert_jobs(jobs[2:]),
+        }
+        for name in _COUNTER_WRITES[column]:
+            with pytest.raises(CorruptRowError) as caught:
+                await writes[name]()
+            assert (caught.value.table, caught.value.row_id) == ("runs", str(run.id)), name
+            assert caught.value.column in ("done_count", "job_count", "job_rows"), name
+    with raw_db(db_path) as conn:
+        assert conn.execute("SELECT * FROM runs").fetchall() == before
+        assert conn.execute("SELECT count(*), count(outcome) FROM jobs").fetchone() == (2, 0)
