@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -154,7 +154,27 @@ class StoreModel(RuleBasedStateMachine):
         assert claimed == expected
         self.runs[expected.id] = expected
 
+    @rule(limit=st.integers(1, 3))
+    def claim_batch(self, limit: int) -> None:
+        order = list(self.runs)
+        queued = sorted(
+            (r for r in self.runs.values() if r.status is RunStatus.QUEUED),
+            key=lambda r: (r.created_at, order.index(r.id)),
+        )
+        expected = [msgspec.structs.replace(r, status=RunStatus.RUNNING) for r in queued[:limit]]
+        assert self.call(self.store.claim_runs(limit)) == expected
+        for run in expected:
+            self.runs[run.id] = run
+
     # -- records ---------------------------------------------------------------------------
+
+    def advance(self, job: Job, outcome: JobOutcome) -> None:
+        """The model of a first outcome: its job done, its run one further (done at job_count)."""
+        self.jobs[job.id] = msgspec.structs.replace(job, status=JobStatus.DONE, outcome=outcome)
+        run = self.runs[job.run_id]
+        done_count = run.done_count + 1
+        status = RunStatus.DONE if done_count >= run.job_count else run.status
+        self.runs[run.id] = msgspec.structs.replace(run, done_count=done_count, status=status)
 
     def jobs_where(self, done: bool) -> list[uuid.UUID]:
         return [j.id for j in self.jobs.values() if (j.status is JobStatus.DONE) == done]
@@ -165,11 +185,26 @@ class StoreModel(RuleBasedStateMachine):
         job = self.jobs[data.draw(st.sampled_from(self.jobs_where(done=False)))]
         outcome = JobOutcome(job.id, score=score, output="first")
         assert self.call(self.store.record_job_outcome(job.run_id, outcome)) is True
-        self.jobs[job.id] = msgspec.structs.replace(job, status=JobStatus.DONE, outcome=outcome)
-        run = self.runs[job.run_id]
-        done_count = run.done_count + 1
-        status = RunStatus.DONE if done_count >= run.job_count else run.status
-        self.runs[run.id] = msgspec.structs.replace(run, done_count=done_count, status=status)
+        self.advance(job, outcome)
+
+    @precondition(lambda self: self.jobs)
+    @rule(data=st.data(), score=scores)
+    def record_batch(self, data: st.DataObject, score: float | None) -> None:
+        """A batch of one run's jobs, done or not, its first one twice (others maybe too): the
+        first outcome of a job not yet done counts, every other is False."""
+        with_jobs = [run_id for run_id, job_ids in self.jobs_of.items() if job_ids]
+        run_id = data.draw(st.sampled_from(with_jobs))
+        picked = data.draw(st.lists(st.sampled_from(self.jobs_of[run_id]), min_size=1, max_size=4))
+        picked.append(picked[0])  # every batch holds a job twice: the second is a redelivery
+        outcomes = [JobOutcome(j, score=score, output=f"batch {i}") for i, j in enumerate(picked)]
+        expected = []
+        for outcome in outcomes:
+            job = self.jobs[outcome.job_id]
+            new = job.status is not JobStatus.DONE
+            expected.append(new)
+            if new:
+                self.advance(job, outcome)
+        assert self.call(self.store.record_job_outcomes(run_id, outcomes)) == expected
 
     @precondition(lambda self: self.jobs_where(done=True))
     @rule(data=st.data(), score=scores)
@@ -202,9 +237,14 @@ class StoreModel(RuleBasedStateMachine):
             self.runs.values(), key=lambda r: (r.created_at, order.index(r.id)), reverse=True
         )
         assert self.call(self.store.list_runs()) == newest_first
+        assert self.call(_walked(self.store.iter_runs(page_size=2))) == newest_first
         for run_id, job_ids in self.jobs_of.items():
             assert self.call(self.store.list_jobs(run_id)) == [self.jobs[j] for j in job_ids]
         assert self.call(self.store.check()) == []
+
+
+async def _walked(runs: AsyncIterator[Run]) -> list[Run]:
+    return [run async for run in runs]
 
 
 StoreModel.TestCase.settings = settings(
