@@ -575,16 +575,17 @@ async def _all_runs(store: Store, args: argparse.Namespace, out: Terminal) -> in
     JSON is the same document, written an item at a time; the table's columns are sized by its
     first page, and widen where a later page needs it."""
     now = datetime.now(UTC)
-    widths: list[int] | None = None  # None: nothing printed yet
+    printed = False
+    widths: list[int] | None = None  # the table's, once its first part is printed
 
     def emit(page: list[Run]) -> None:
-        nonlocal widths
+        nonlocal printed, widths
         if args.json:
             items = ",\n".join(_indented(out.json(_run_json(run))) for run in page)
-            out.write(("[\n" if widths is None else ",\n") + items)
-            widths = []
+            out.write(("[\n" if not printed else ",\n") + items)
         else:
             widths = _runs_table(out, page, now, after=widths)
+        printed = True
 
     page: list[Run] = []
     async for run in store.iter_runs(status=args.status, page_size=RUNS_PAGE_SIZE):
@@ -594,7 +595,7 @@ async def _all_runs(store: Store, args: argparse.Namespace, out: Terminal) -> in
             page = []
     if page:
         emit(page)
-    if widths is None:
+    if not printed:
         out.print("[]" if args.json else _no_runs(args))
     elif args.json:
         out.print("\n]")
