@@ -447,7 +447,8 @@ class Store:
         ``async for run in store.iter_runs(): ...`` walks any number of runs in memory bounded
         by ``page_size``, as iter_jobs walks a run's jobs, with the same rules: each page is one
         read of its own snapshot, resuming after the (created_at, rowid) of the last run read
-        (keyset pagination, one index walk per page); every run that existed when the walk
+        (keyset pagination: range seeks in an index, so the last page costs what the first
+        does, also across runs sharing one created_at); every run that existed when the walk
         began is yielded once (one with ``status`` while it still has it when its page is
         read), in its state then; a run inserted during the walk is yielded at most once (only
         if created before the walk's position). Nothing is held open between pages, a failed
@@ -598,7 +599,8 @@ class Store:
         - a run or job id stored as UUID text in another spelling than the canonical
           lower-case hyphenated one, which lookups by id cannot find: to rewrite, or, when
           that id is taken, a second copy to delete;
-        - a job whose run does not exist (or whose run_id spells its run's id otherwise);
+        - a job whose run does not exist (or whose run_id spells its run's id otherwise); past
+          the first 100 jobs with one run_id, the rest in one finding, with their DELETE;
         - a value this version cannot read (the column, the value, what was expected);
         - a run whose done_count differs from its jobs with an outcome, whose job_rows differs
           from its jobs, that has more jobs than its job_count, that has job_count 0 and is not
