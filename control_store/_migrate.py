@@ -13,16 +13,17 @@ import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
+from . import _codec
 from .errors import (
     DirtyMigrationError,
     MigrationChangedError,
     MigrationError,
     UnknownMigrationError,
 )
+from .models import utc_now
 
 TRACKING_TABLE: Final = "_control_store_migrations"
 _FILE_NAME: Final = re.compile(r"^(\d+)_(\w+)\.sql$")
@@ -102,7 +103,7 @@ def load_migrations(backend: str, directory: Path | None = None) -> list[Migrati
 
 def restore_row_sql(migration: Migration) -> str:
     """The INSERT that puts back ``migration``'s lost tracking row, as applied now."""
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # the store's fixed width
+    now = _codec.format_timestamp(utc_now(), what="installed_on")  # as migrate() writes it
     return (
         f"INSERT INTO {TRACKING_TABLE} (version, description, installed_on, success, checksum, "
         f"execution_time) VALUES ({migration.version}, '{migration.description}', '{now}', 1, "
