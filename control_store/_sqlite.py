@@ -350,10 +350,13 @@ def _percent_decoded(url: str, path: str) -> str:
     return decoded
 
 
-def has_scheme(text: str) -> bool:
-    """Whether parse_url reads ``text`` as a URL with a scheme, not as a plain path."""
+def url_scheme(text: str) -> str | None:
+    """The scheme parse_url reads ``text`` as a URL of, lower-cased; None for a plain path (a
+    Windows drive letter is not a scheme)."""
     match = _SCHEME.match(text)
-    return match is not None and not (len(match.group(1)) == 1 and text[2:3] in ("\\", "/"))
+    if match is None or (len(match.group(1)) == 1 and text[2:3] in ("\\", "/")):
+        return None
+    return match.group(1).lower()
 
 
 def parse_options(options: dict[str, object]) -> Options:
@@ -476,10 +479,9 @@ def parse_url(url: str | os.PathLike[str]) -> str:
         path = str.__str__(path)  # a subclass's plain text: never its own methods
     elif isinstance(url, str):
         url = str.__str__(url)  # a subclass's plain text: never its own methods
-        match = _SCHEME.match(url)
-        scheme = match.group(1).lower() if match and has_scheme(url) else None
+        scheme = url_scheme(url)
         if scheme is None:
-            path = url  # a plain path (a Windows drive letter is not a scheme)
+            path = url  # a plain path
         elif scheme == "sqlite":
             rest = url[len("sqlite:") :]
             if "?" in rest:

@@ -345,7 +345,7 @@ def _path_url(path: Path) -> str:
     """``path`` as a URL that names it: with ./ before a relative path that would read as a
     URL with a scheme (run:1.db has the scheme 'run')."""
     text = str(path)
-    return f"./{text}" if _sqlite.has_scheme(text) else text
+    return text if _sqlite.url_scheme(text) is None else f"./{text}"
 
 
 def _command(*argv: str) -> str:
