@@ -108,6 +108,13 @@ def _page_size(page_size: object, *, rows: str) -> int:
     return size
 
 
+def _status_key(status: object) -> str | None:
+    """list_runs' and iter_runs' ``status``, checked, as the SQL binds it (None: every run)."""
+    if status is None:
+        return None
+    return _codec.run_status(status, what="status", also=", or None for every run").value
+
+
 T = TypeVar("T")
 K = TypeVar("K")  # a walk's key: the last row read, to continue after
 
@@ -456,11 +463,7 @@ class Store:
         checked when the walk is created (``InvalidInputError``), and a walk is for one task.
         """
         self._open()
-        key = (
-            None
-            if status is None
-            else _codec.run_status(status, what="status", also=", or None for every run").value
-        )
+        key = _status_key(status)
         size = _page_size(page_size, rows="runs")
         return _Walk(self, lambda after: partial(_sqlite.op_run_page, key, after, size), size)
 
@@ -570,15 +573,13 @@ class Store:
         backend = self._open()
         if backend.unmigrated is not None:
             await backend.refuse_unmigrated()
-        if status is not None:
-            status = _codec.run_status(status, what="status", also=", or None for every run")
+        key = _status_key(status)
         most = -1 if limit is None else _int_from(limit, 0, _INT64_MAX)  # -1: SQLite's no limit
         if most is None:
             raise InvalidInputError(
                 f"limit must be an int from 0 to {_INT64_MAX} or None, got {shown(limit)}; "
                 "pass the most runs you want, or None (the default) for all of them"
             )
-        key = None if status is None else status.value
         op = partial(_sqlite.op_list_runs, key, most)
         return await backend.read(op, small=0 <= most <= _SMALL_BATCH)
 
