@@ -27,6 +27,7 @@ import threading
 import time
 import urllib.parse
 import warnings
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache, partial
@@ -2130,7 +2131,7 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
     # a million jobs gave a million findings, 241 MB of output). The verdict is the run_id's,
     # read once for all its jobs.
     verdicts: dict[object, tuple[str, str | None]] = {}
-    named: dict[object, int] = {}
+    seen: Counter[object] = Counter()  # jobs of each missing run_id met so far
     unnamed: dict[object, list[Any]] = {}  # run_id: [the first job not named, their count]
     for job_id, run_id, has_outcome in conn.execute(CHECK_ORPHAN_JOBS):
         if job_id in job_copies:  # to be deleted, as its own finding says
@@ -2140,13 +2141,10 @@ def _check_rows(conn: sqlite3.Connection, found: Callable[[str, object, str], No
             verdict = verdicts[run_id] = _missing_run(conn, run_id, respelled)
         message, parent = verdict
         if parent is None:
-            if named.get(run_id, 0) >= _ORPHANS_NAMED:
-                if (group := unnamed.get(run_id)) is not None:
-                    group[1] += 1
-                else:
-                    unnamed[run_id] = [job, 1]
+            seen[run_id] += 1
+            if seen[run_id] > _ORPHANS_NAMED:
+                unnamed.setdefault(run_id, [job, 0])[1] += 1
                 continue
-            named[run_id] = named.get(run_id, 0) + 1
             if unreadable_runs:
                 message += _repair_first(unreadable_runs, "one may be this job's run")
         attached.append(("jobs", job, f"job {job} {message}"))
