@@ -13,11 +13,11 @@ import pytest
 
 from control_store import (
     CorruptRowError,
+    EvalJob,
     InvalidInputError,
     Job,
     JobOutcome,
     JobStatus,
-    Run,
     Store,
     StoreClosedError,
     _codec,
@@ -301,7 +301,7 @@ async def test_a_job_at_any_rowid_is_walked_as_list_jobs_returns_it(
     as "after rowid 0" dropped it while check() called the store sound)."""
     async with Store.connect(db_path) as store:
         jobs = await _run_with_jobs(store, 4, room=1)
-    extra = make_jobs(await _run_of(db_path, jobs[0]), 1)[0]
+    extra = Job(jobs[0].run_id, EvalJob("model-a", "hand-inserted", 0))
     with raw_db(db_path) as conn:
         conn.execute(
             f"INSERT INTO jobs (rowid, {_codec.JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -313,10 +313,3 @@ async def test_a_job_at_any_rowid_is_walked_as_list_jobs_returns_it(
         assert listed[0] == extra
         assert [job async for job in store.iter_jobs(extra.run_id, page_size=2)] == listed
         assert await store.check() == []
-
-
-async def _run_of(db_path: Path, job: Job) -> Run:
-    async with Store.connect(db_path) as store:
-        run = await store.get_run(job.run_id)
-    assert run is not None
-    return run
