@@ -544,10 +544,21 @@ def parse_url(url: str | os.PathLike[str]) -> str:
         # a URI and opens another file ("file:x.db" is "x.db"); "./file:x.db" is just a name.
         path = os.path.join(os.curdir, path)
     try:
-        _check_place(path)
+        _check_place(path, database_name(url, path))
     except OSError as exc:  # the path cannot even be looked at: too long, not searchable
         raise _unreachable(path, exc) from exc
     return path
+
+
+def database_name(url: str | os.PathLike[str], path: str) -> str:
+    """How messages name the file ``path`` that parse_url read ``url`` as: the path, and, where
+    the URL's %XX escapes were decoded, that URL too (the user typed the URL, and may not
+    know it names another spelling)."""
+    if isinstance(url, str) and url_scheme(url) == "sqlite":
+        rest = url[len("sqlite:") :]
+        if path not in (rest, rest[2:] if rest.startswith("//") else rest):
+            return f"{path!r} (the URL {redact(url)!r})"
+    return repr(path)
 
 
 def _not_a_url(url: object) -> ConfigurationError:
@@ -584,21 +595,22 @@ def _unreachable(path: str, exc: OSError) -> ControlError:
     return error
 
 
-def _check_place(path: str) -> None:
-    """Refuse a path whose directory is missing or not a directory, or that is a directory."""
+def _check_place(path: str, name: str) -> None:
+    """Refuse a path whose directory is missing or not a directory, or that is a directory;
+    ``name`` is the path as messages give it (see database_name)."""
     directory = Path(path).parent
     if not directory.is_dir():
         if directory.exists():
             raise ConfigurationError(
-                f"cannot open {path!r}: {str(directory)!r} is a file, not a directory; "
+                f"cannot open {name}: {str(directory)!r} is a file, not a directory; "
                 "name a file in a directory"
             )
         raise ConfigurationError(
-            f"cannot open {path!r}: directory {str(directory)!r} does not exist; create it first "
+            f"cannot open {name}: directory {str(directory)!r} does not exist; create it first "
             "(the store creates the file, not its directory)"
         )
     if Path(path).is_dir():
-        raise ConfigurationError(f"cannot open {path!r}: it is a directory; name a file in it")
+        raise ConfigurationError(f"cannot open {name}: it is a directory; name a file in it")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1110,7 +1122,9 @@ def _refuse_read_only(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
 
 
-def configure_read_only(conn: sqlite3.Connection, *, path: str, options: Options) -> None:
+def configure_read_only(
+    conn: sqlite3.Connection, *, path: str, database: str, options: Options
+) -> None:
     """Set up a ``mode=ro`` connection and check its schema; nothing is written.
 
     No journal_mode (switching it writes the file header) and no synchronous (nothing to
@@ -1120,7 +1134,6 @@ def configure_read_only(conn: sqlite3.Connection, *, path: str, options: Options
     """
     conn.execute(f"PRAGMA busy_timeout = {_milliseconds(options.busy_timeout)}")
     conn.execute("PRAGMA query_only = ON")
-    database = f"database {path!r}"
     try:
         if options.check_schema:
             check_schema(conn, database=database)
@@ -2530,7 +2543,9 @@ class SqliteBackend:
     async def open(cls, url: str | os.PathLike[str], options: Options) -> SqliteBackend:
         require_sqlite()
         path = parse_url(url)
-        database = "the in-memory database" if path == MEMORY else f"database {path!r}"
+        database = (
+            "the in-memory database" if path == MEMORY else f"database {database_name(url, path)}"
+        )
         if options.read_only:
             return await cls._open_read_only(path, database, options)
         # check_same_thread=False: an in-memory store runs small calls on the loop's thread
@@ -2608,7 +2623,9 @@ class SqliteBackend:
         _require_file(path, database)
         backend = await cls._connect(read_only_uri(path), database, options, uri=True)
         try:
-            await backend.read(partial(configure_read_only, path=path, options=options))
+            await backend.read(
+                partial(configure_read_only, path=path, database=database, options=options)
+            )
         except BaseException as exc:
             await backend.give_up(exc)
             raise

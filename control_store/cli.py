@@ -460,17 +460,18 @@ async def _open_read_only(args: argparse.Namespace) -> Store:
         store = await Store.connect(url, busy_timeout=_busy_timeout(args), read_only=True)
         return _track(args, store)
     except PendingMigrationError as exc:
+        database = f"database {_sqlite.database_name(url, path)}"
         if not exc.found:  # no migration at all: an empty file (another application's is
             # refused by connect, naming its tables)
             migrate = _command("migrate", *_url_option(_sqlite.redact(url)))
             raise Failure(
-                f"database {path!r} holds no control_store schema (it is empty); check the "
+                f"{database} holds no control_store schema (it is empty); check the "
                 f"URL, or create the schema with {migrate}"
             ) from exc
         names = ", ".join(f"{version} ({description})" for version, description in exc.pending)
         older = f", or read it with the control-store release whose newest migration is {exc.found}"
         raise Failure(
-            f"database {path!r} has pending migrations: {names}; apply them with "
+            f"{database} has pending migrations: {names}; apply them with "
             f"{_command('migrate', *_url_option(_sqlite.redact(url)))} (on a copy you may not "
             f"write: migrate a writable copy{older})"
         ) from exc

@@ -727,6 +727,12 @@ def _unmigrated(migrated: Path) -> str:
     return str(path)
 
 
+def _unmigrated_escaped(migrated: Path) -> str:
+    """An empty file named by a URL that spells a space %20."""
+    (migrated.parent / "empty x.db").touch()
+    return f"sqlite://{migrated.parent}/empty%20x.db"
+
+
 def _foreign(migrated: Path) -> str:
     """Another application's SQLite database."""
     path = migrated.parent / "app.db"
@@ -759,6 +765,11 @@ def _newer_schema(path: Path) -> str:
         (["runs"], _garbage, ["not a SQLite database"]),
         (["check"], _garbage, ["not a SQLite database"]),
         (["runs"], _unmigrated, ["holds no control_store schema", "control-store migrate"]),
+        (
+            ["runs"],
+            _unmigrated_escaped,
+            ["empty x.db' (the URL 'sqlite://", "empty%20x.db') holds no control_store schema"],
+        ),
         (["runs"], _foreign, ["not a control_store database", "'notes'", "left untouched"]),
         (["migrate"], _foreign, ["not a control_store database", "'notes'", "left untouched"]),
         (
@@ -777,6 +788,7 @@ def _newer_schema(path: Path) -> str:
         "not-a-database",
         "check-not-a-database",
         "unmigrated",
+        "unmigrated-escaped-url",
         "foreign",
         "migrate-foreign",
         "migrate-status-foreign",

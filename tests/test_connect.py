@@ -18,6 +18,7 @@ from control_store import (
     DatabaseBusyError,
     EvalJob,
     Job,
+    PendingMigrationError,
     StorageError,
     Store,
     _sqlite,
@@ -587,6 +588,32 @@ async def test_a_sqlite_urls_percent_escapes_are_decoded_as_sqlx_does(
     with pytest.raises(ConfigurationError, match=r"not UTF-8.*nothing was opened"):
         await Store.connect("sqlite://bad%FF.db")
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+async def test_messages_about_a_decoded_url_name_the_url_typed_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error about the file a percent-encoded URL names gives the URL as typed beside the
+    decoded path: the user typed the URL, and may not know it names "my runs.db"."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        ConfigurationError,
+        match=r"cannot open 'no dir/x.db' \(the URL 'sqlite://no%20dir/x.db'\): directory",
+    ):
+        await Store.connect("sqlite://no%20dir/x.db")
+    with pytest.raises(
+        ConfigurationError,
+        match=r"database 'my runs.db' \(the URL 'sqlite://my%20runs.db'\) read-only: no such",
+    ):
+        await Store.connect("sqlite://my%20runs.db", read_only=True)
+    sqlite3.connect("my runs.db").close()  # an empty file: no schema yet
+    with pytest.raises(
+        PendingMigrationError, match=r"database 'my runs.db' \(the URL 'sqlite://my%20runs.db'\)"
+    ):
+        await Store.connect("sqlite://my%20runs.db", read_only=True)
+    # Without escapes, the path alone, as before.
+    with pytest.raises(ConfigurationError, match=r"database 'x.db' read-only"):
+        await Store.connect("sqlite://x.db", read_only=True)
 
 
 async def test_a_file_an_older_release_made_under_an_escaped_url_is_not_replaced(
