@@ -1254,6 +1254,23 @@ def _file_identity(path: str) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
+def _identity_if_there(path: str) -> tuple[int, int] | None:
+    """_file_identity, or None where nothing (or nothing this process may look at) is."""
+    try:
+        return _file_identity(path)
+    except OSError:
+        return None
+
+
+# The files SQLite keeps beside a database in WAL mode, and what each is for, as messages say.
+# While any connection has the database open, SQLite never removes or replaces either: it
+# truncates the -wal at a checkpoint, and the last connection to close deletes both.
+_WAL_FILES: Final = (
+    ("-wal", "write-ahead log (it holds every write since the last checkpoint)"),
+    ("-shm", "shared-memory index (through it, processes share the write lock)"),
+)
+
+
 def _statements(sql: str) -> Iterator[str]:
     """Split a migration into statements (executescript would commit our transaction on 3.11)."""
     buffer: list[str] = []
@@ -2557,7 +2574,9 @@ class SqliteBackend:
             )
             if path != MEMORY:
                 try:
-                    backend._worker.path, backend._worker.identity = _locate(path)
+                    worker = backend._worker
+                    worker.path, worker.identity = _locate(path)
+                    worker.refuse_replaced_wal_files(worker.path)  # sees them first
                 except OSError as exc:  # the file went away (or out of reach) meanwhile
                     raise _unreachable(path, exc) from exc
             else:
@@ -3101,7 +3120,10 @@ def _what_failed(error: ControlError, *, busy_timeout: float) -> str:
     if isinstance(error, DatabaseBusyError):
         what = f"another connection held the write lock past busy_timeout={busy_timeout:g}s"
     elif isinstance(error, StorageError) and cause is None:  # see refuse_replaced_file
-        what = "the database file was deleted, moved or replaced while the store had it open"
+        what = (
+            "the database file, or its -wal or -shm file, was deleted, moved or replaced while "
+            "the store had it open"
+        )
     elif isinstance(error, StorageError):
         what = "the file system refused the write"
     elif isinstance(error, StoreClosedError):
@@ -3152,7 +3174,16 @@ class _Worker:
     thread (see SqliteBackend.__del__).
     """
 
-    __slots__ = ("busy_timeout", "database", "identity", "lock", "path", "raw")
+    __slots__ = (
+        "busy_timeout",
+        "database",
+        "identity",
+        "lock",
+        "path",
+        "raw",
+        "wal_files",
+        "wal_lost",
+    )
 
     def __init__(self, raw: sqlite3.Connection, *, database: str, busy_timeout: float) -> None:
         self.raw = raw
@@ -3161,6 +3192,9 @@ class _Worker:
         # The file's identity at open: see refuse_replaced_file.
         self.path: str | None = None
         self.identity: tuple[int, int] | None = None
+        # Those of its -wal and -shm files (None: not seen yet), in _WAL_FILES' order.
+        self.wal_files: list[tuple[int, int] | None] = [None] * len(_WAL_FILES)
+        self.wal_lost = False  # see save_lost_wal
         # Held by whoever is using the sqlite3 connection: the worker thread for each function
         # it runs, or the event loop's thread for a call run inline (see
         # SqliteBackend._inline_ok).
@@ -3208,6 +3242,7 @@ class _Worker:
             except BaseException as exc:  # KeyboardInterrupt from a job generator too
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+                self.save_lost_wal()
                 return (False, self.translate(exc))
             conn.execute("COMMIT")
         except Exception as exc:
@@ -3254,6 +3289,7 @@ class _Worker:
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
+            self.save_lost_wal()
             return [(False, self.translate(exc)) for _ in ops]
         try:
             conn.execute("COMMIT")
@@ -3321,6 +3357,44 @@ class _Worker:
             )
             error.retryable = True
             raise error
+        self.refuse_replaced_wal_files(self.path)
+
+    def refuse_replaced_wal_files(self, path: str) -> None:
+        """Raise StorageError if the database's -wal or -shm file is gone or another file.
+
+        SQLite goes on without an error (measured): with the -wal deleted, it commits into the
+        unlinked file it holds open, where every write since the last checkpoint is lost
+        when the process dies (the schema too, on a new database); with the -shm deleted, a
+        process connecting next makes a new one, and two processes then write at once,
+        corrupting the file. One is seen the first time it is there (SQLite makes both at
+        the connection's first read).
+        """
+        for index, (suffix, what) in enumerate(_WAL_FILES):
+            now = _identity_if_there(path + suffix)
+            known = self.wal_files[index]
+            if known is None:
+                self.wal_files[index] = now
+            elif now != known:
+                self.wal_lost = suffix == "-wal"
+                raise StorageError(
+                    f"{path + suffix!r}, the {what} of {self.database}, was deleted, moved or "
+                    "replaced while this store had the database open; nothing of this call was "
+                    "written, and no write can be made safely: put the file back if it was "
+                    "moved, else close this store with 'await store.close()', not by ending "
+                    "the process (closing writes what it holds into the database file), and "
+                    "close every other process's store on the file too before connecting "
+                    "again. Never delete a -wal or -shm file while the database is open"
+                )
+
+    def save_lost_wal(self) -> None:
+        """After refuse_replaced_wal_files found the -wal gone, with no transaction open: copy
+        what it holds into the database file (a checkpoint, through the file SQLite still has
+        open), so that the writes acknowledged before survive the process being killed. The
+        -shm's loss needs none: the -wal still holds them for the next connection."""
+        if self.wal_lost:
+            with contextlib.suppress(sqlite3.Error):
+                self.raw.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                self.wal_lost = False
 
     def run_op(self, op: Op[T], undo: Callable[[], None]) -> T:
         """``op(conn)``; if it has to be run again with the lenient text factory (see _claim),

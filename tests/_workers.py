@@ -133,6 +133,23 @@ async def record_acked(db: str, run_id: str, tasks: str) -> None:
     say("finished")
 
 
+async def lose_wal(db: str, run_id: str, count: str) -> None:
+    """Record ``count`` outcomes, printing each once acknowledged; then delete the -wal (a
+    careless cleanup) and try one more, printing what the store said; then wait to be killed."""
+    async with Store.connect(db) as store:
+        jobs = await store.list_jobs(uuid.UUID(run_id))
+        for job in jobs[: int(count)]:
+            await store.record_job_outcome(job.run_id, JobOutcome(job.id, output="ok"))
+            say("ack", job.id)
+        os.unlink(f"{db}-wal")
+        try:
+            await store.record_job_outcome(jobs[-1].run_id, JobOutcome(jobs[-1].id))
+            say("acked-without-wal", jobs[-1].id)
+        except ControlError as exc:
+            say("refused", type(exc).__name__)
+        wait_go()
+
+
 async def insert_runs_acked(db: str, tasks: str) -> None:
     """Insert runs forever from ``tasks`` tasks; print each id once acknowledged."""
     async with Store.connect(db) as store:
@@ -339,6 +356,7 @@ _MODES: Final[dict[str, Callable[..., Awaitable[None] | None]]] = {
     "insert-jobs-big": insert_jobs_big,
     "migrate": migrate,
     "hold-lock": hold_lock,
+    "lose-wal": lose_wal,
     "write-read-only": write_read_only,
     "write-past-file-size-limit": write_past_file_size_limit,
     "group-past-file-size-limit": group_past_file_size_limit,

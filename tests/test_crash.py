@@ -105,6 +105,33 @@ async def test_acknowledged_claims_survive_kill(
     await assert_sound(db)
 
 
+async def test_outcomes_acked_before_the_wal_was_deleted_survive_a_kill(
+    template_db: Path, tmp_path: Path, spawn: Callable[..., Worker]
+) -> None:
+    """With its -wal deleted under it, a store refuses the next write and copies what the log
+    held into the database file: killed after that, the process loses none of the outcomes it
+    acknowledged (SQLite alone kept them only in the unlinked log, and the kill lost them
+    all, the run and its jobs too)."""
+    db = fresh(template_db, tmp_path, "lose-wal")
+    run = make_run(job_count=10)
+    async with Store.connect(db) as store:
+        await store.insert_run(run)
+        await store.insert_jobs(make_jobs(run))
+    worker = spawn("lose-wal", db, run.id, 5)
+    assert worker.expect("refused") == ["refused", "StorageError"]
+    recorded = set(acked(worker.kill()))
+    assert len(recorded) == 5
+    async with Store.connect(db) as store:
+        done = {
+            str(job.id) for job in await store.list_jobs(run.id) if job.status is JobStatus.DONE
+        }
+        stored = await store.get_run(run.id)
+    assert done == recorded
+    assert stored is not None
+    assert stored.done_count == 5
+    await assert_sound(db)
+
+
 @pytest.mark.parametrize("round_", range(sized(1, 2)))
 async def test_kill_during_a_large_insert_jobs_leaves_no_partial_batch(
     template_db: Path, tmp_path: Path, spawn: Callable[..., Worker], round_: int

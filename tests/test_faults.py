@@ -22,6 +22,7 @@ from control_store import (
     DatabaseBusyError,
     InvalidInputError,
     JobOutcome,
+    JobStatus,
     MissingRunError,
     Run,
     RunStatus,
@@ -295,6 +296,62 @@ async def test_a_deleted_or_replaced_file_refuses_writes_until_restored(db_path:
         assert raw.execute("SELECT count(*) FROM runs").fetchone() == (2,)
     finally:
         raw.close()
+    await assert_sound(db_path)
+
+
+@pytest.mark.parametrize("suffix", ["-wal", "-shm"])
+async def test_a_deleted_wal_or_shm_file_refuses_writes_and_close_keeps_what_was_acked(
+    db_path: Path, suffix: str
+) -> None:
+    """Deleting the -wal or -shm file under a running store is a StorageError naming it, for a
+    lone call and a group alike, with nothing written, where SQLite would go on acknowledging
+    writes into an unlinked log (lost with the process) or beside a second index (two
+    writers at once); closing the store keeps every write acknowledged before."""
+    run = make_run(job_count=4)
+    jobs = make_jobs(run)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+        await store.insert_jobs(jobs)
+        assert await store.record_job_outcome(run.id, JobOutcome(jobs[0].id, score=1.0))
+        Path(f"{db_path}{suffix}").unlink()
+        with pytest.raises(StorageError, match=rf"'{db_path}{suffix}'.*deleted.*close") as caught:
+            await store.record_job_outcome(run.id, JobOutcome(jobs[1].id, score=1.0))
+        assert not caught.value.retryable
+        results = await asyncio.gather(
+            *(store.record_job_outcome(run.id, JobOutcome(job.id)) for job in jobs[1:]),
+            return_exceptions=True,
+        )
+        assert all(isinstance(result, StorageError) for result in results), results
+        with pytest.raises(StorageError, match=suffix):
+            await store.claim_next_run()
+    async with Store.connect(db_path) as store:
+        stored = await store.get_run(run.id)
+        assert stored is not None
+        assert (stored.status, stored.done_count) == (RunStatus.QUEUED, 1)
+        assert [job.status for job in await store.list_jobs(run.id)] == [
+            JobStatus.DONE,
+            JobStatus.QUEUED,
+            JobStatus.QUEUED,
+            JobStatus.QUEUED,
+        ]
+    await assert_sound(db_path)
+
+
+async def test_a_moved_wal_file_put_back_lets_writes_go_on(db_path: Path) -> None:
+    """A -wal moved away refuses writes until it is back, as the database file does."""
+    async with Store.connect(db_path) as store:
+        earlier = make_run()
+        await store.insert_run(earlier)
+        wal = Path(f"{db_path}-wal")
+        away = wal.with_name("moved-wal")
+        wal.rename(away)
+        with pytest.raises(StorageError, match="-wal"):
+            await store.insert_run(make_run())
+        away.rename(wal)
+        late = make_run()
+        await store.insert_run(late)
+    async with Store.connect(db_path) as store:
+        assert {run.id for run in await store.list_runs()} == {earlier.id, late.id}
     await assert_sound(db_path)
 
 
