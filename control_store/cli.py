@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.metadata
 import io
 import json
 import os
@@ -22,6 +23,7 @@ import re
 import shlex
 import shutil
 import signal
+import sqlite3
 import sys
 import time
 import unicodedata
@@ -1171,6 +1173,17 @@ def _common(busy_timeout_default: str) -> argparse.ArgumentParser:
     return common
 
 
+def _version() -> str:
+    """What --version prints: this release, and the SQLite and Python it runs on (the first
+    things a bug report needs)."""
+    try:
+        release = importlib.metadata.version("control-store")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree never installed
+        release = "(not installed)"
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"{PROG} {release} (SQLite {sqlite3.sqlite_version}, Python {python})"
+
+
 def _parser() -> argparse.ArgumentParser:
     common = _common(f"{_DEFAULT_BUSY_TIMEOUT:g}")
     parser = argparse.ArgumentParser(
@@ -1180,6 +1193,12 @@ def _parser() -> argparse.ArgumentParser:
         epilog=f"exit codes: 0 ok, 1 failure (one line on stderr), 2 usage error, 3 failure a "
         "retry may cure (a lock held past --busy-timeout, a full disk), 130/143/129 stopped by "
         f"SIGINT/SIGTERM/SIGHUP. Try: {PROG} demo",
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=_version(),
+        help="show the versions of control-store, SQLite and Python, then exit",
     )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import io
 import json
 import math
 import multiprocessing
 import os
+import platform
 import random
 import re
 import shlex
@@ -1024,6 +1026,17 @@ def test_help_exits_0_and_names_every_command(capsys: pytest.CaptureFixture[str]
     assert code == 0
     for command in ("migrate", "runs", "show", "check", "demo"):
         assert command in out
+
+
+def test_version_names_the_release_and_the_sqlite_and_python_it_runs_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--version prints the installed release, SQLite's version and Python's, and exits 0."""
+    code, out, err = run_cli(capsys, "--version")
+    release = importlib.metadata.version("control-store")
+    python = platform.python_version()
+    assert (code, err) == (0, "")
+    assert out == f"control-store {release} (SQLite {sqlite3.sqlite_version}, Python {python})\n"
 
 
 def test_each_commands_help_states_its_own_busy_timeout_default(
