@@ -2692,6 +2692,9 @@ class SqliteBackend:
             return
         if self._closer is not None and self._closer.done():
             return  # closed: nothing to wait for, whichever loop asks
+        if self._loop.is_closed():
+            await self._close_after_its_loop()
+            return
         self.refuse_foreign()
         if self._closer is None:
             self._closing = True  # read() and write() refuse from now on
@@ -2700,6 +2703,15 @@ class SqliteBackend:
         # Shielded: a close whose caller is cancelled (a wait_for that timed out) still finishes,
         # and a second close, from another task, returns only once the first has finished.
         await asyncio.shield(self._closer)
+
+    async def _close_after_its_loop(self) -> None:
+        """close() once the loop that opened the store has closed (an asyncio.run that ended, a
+        sync wrapper's loop): no call can be waiting on that loop, nor run there again, and
+        neither can a close. The calling loop closes the connection instead: the worker
+        finishes what it was given, then closes the file on its own thread."""
+        self._closing = True  # read() and write() refuse from now on
+        if self._conn._running:
+            await close_on_worker(self._conn)
 
     async def _close(self) -> None:
         """Wait for the writes accepted before close() and for claims still owed, then close the
@@ -2836,6 +2848,14 @@ class SqliteBackend:
                 f"nothing was done: connect a new Store in process {_Process.pid}"
             )
         if asyncio.get_running_loop() is not self._loop:
+            if self._loop.is_closed():
+                raise WrongEventLoopError(
+                    f"this store on {self._database} was opened on an event loop that has "
+                    "closed since (an asyncio.run that ended, say), and a store serves only "
+                    "the loop that opened it; nothing was done: connect a Store in this loop, "
+                    "and close this one with 'await store.close()' (from any loop, once its "
+                    "own has closed)"
+                )
             if threading.current_thread() is self._conn._thread:
                 # The advice below would wait forever here: the store's thread is busy running
                 # the caller's generator, and serves nothing else until it ends.

@@ -317,7 +317,8 @@ class Store:
         """Finish the calls in flight, then close the connection. Idempotent.
 
         Only from the event loop that opened the store (else WrongEventLoopError, and the store
-        stays open); in a process forked from the opener, it only forgets the inherited copy.
+        stays open), or, once that loop has closed, from any; in a process forked from the
+        opener, it only forgets the inherited copy.
         """
         was_open = self._backend is not None
         backend = self._backend or self._closed

@@ -137,6 +137,48 @@ def test_a_store_is_refused_in_a_later_asyncio_run_and_closes_on_its_own_loop(ur
         own.close()
 
 
+def test_a_store_whose_loop_has_closed_is_closed_from_any_loop(url: str) -> None:
+    """A store opened by one asyncio.run, which has ended: its calls are refused, saying that its
+    loop closed and that close() works from any loop; close() from a later loop closes it (the
+    worker ends, the file is let go), with no warning, and a store connected again finds what
+    the first wrote."""
+    run = make_run()
+
+    async def open_store() -> Store:
+        store = await Store.connect(url)
+        await store.insert_run(run)
+        return store
+
+    store = asyncio.run(open_store())
+    backend = store._backend
+    assert backend is not None
+    worker = backend._conn._thread
+    with pytest.raises(
+        WrongEventLoopError,
+        match=r"opened on an event loop that has closed since .*nothing was done: connect a "
+        r"Store in this loop, and close this one with 'await store.close\(\)' \(from any loop",
+    ):
+        asyncio.run(store.get_run(run.id))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        asyncio.run(store.close())
+        assert store.closed
+        asyncio.run(store.close())  # idempotent, as ever
+        del store, backend
+        gc.collect()
+    assert [w for w in seen if w.category is ResourceWarning] == []
+    worker.join(CALL_TIMEOUT)
+    assert not worker.is_alive()
+    if url != "sqlite::memory:":
+        assert held_by_no_connection(Path(url))
+
+        async def reopen() -> list[Run]:
+            async with Store.connect(url) as again:
+                return await again.list_runs()
+
+        assert asyncio.run(reopen()) == [run]
+
+
 def test_a_loop_closed_with_a_call_in_flight_leaves_the_worker_thread_running(
     tmp_path: Path,
 ) -> None:
