@@ -358,11 +358,18 @@ class Bench:
 
     # --- single calls from one task ---
 
-    async def lib_single(self, s: Setting, what: str, n: int) -> Side:
-        runs = make_runs(n, job_count=n if what == "record_job_outcome" else 1)
-        jobs = [make_jobs(run, 1)[0] for run in runs]
+    @staticmethod
+    def single_rows(what: str, n: int) -> tuple[list[Run], list[Job]]:
+        """What a single-call workload starts from: a run of n jobs to record (one run only,
+        as the concurrent records load), else n runs of one job each."""
         if what == "record_job_outcome":
-            jobs = make_jobs(runs[0], n)
+            (run,) = make_runs(1, job_count=n)
+            return [run], make_jobs(run, n)
+        runs = make_runs(n)
+        return runs, [make_jobs(run, 1)[0] for run in runs]
+
+    async def lib_single(self, s: Setting, what: str, n: int) -> Side:
+        runs, jobs = self.single_rows(what, n)
         empty = what == "insert_run"
         store = await self.store(s, [] if empty else runs, [] if empty else jobs)
         run_id = runs[0].id
@@ -395,10 +402,7 @@ class Bench:
         return Side(units, chunk, close)
 
     async def raw_single(self, s: Setting, what: str, n: int) -> Side:
-        runs = make_runs(n, job_count=n if what == "record_job_outcome" else 1)
-        jobs = [make_jobs(run, 1)[0] for run in runs]
-        if what == "record_job_outcome":
-            jobs = make_jobs(runs[0], n)
+        runs, jobs = self.single_rows(what, n)
         empty = what == "insert_run"
         conn = self.raw(s, [] if empty else runs, [] if empty else jobs)
         run_id = str(runs[0].id)
@@ -482,6 +486,21 @@ class Bench:
 
     async def raw_record_side(self, s: Setting, n: int) -> Side:
         return await self.raw_single(s, "record_job_outcome", n)
+
+    async def raw_claim_record(self, s: Setting, n: int) -> Side:
+        """lib_claim_record's baseline: the same claim and record per item, each its own
+        transaction and commit, as the library's are (two fsyncs an item at FULL)."""
+        runs = make_runs(n)
+        jobs = [make_jobs(run, 1)[0] for run in runs]
+        conn = self.raw(s, runs, jobs)
+        job_of = {ID_TEXT(job.run_id): job.id for job in jobs}
+
+        async def chunk(units: list[Any]) -> None:
+            for _ in units:
+                (row,) = raw_tx(conn, lambda: conn.execute(RAW_CLAIM_NEXT_RUN).fetchall())
+                assert raw_record(conn, row[0], JobOutcome(job_of[row[0]]))
+
+        return Side(list(range(n)), chunk, self.closer(conn))
 
     async def lib_claim_record(self, s: Setting, n: int, tasks: int) -> Side:
         """Peer workload: per item, claim a run and record its one job's outcome."""
@@ -774,6 +793,9 @@ def peer_workloads(root: Path, n: int) -> dict[str, Peer]:
 # Peak RSS for 1M generated jobs, in a child process
 
 
+RSS_WARM_MANIFEST = "warm.yaml"  # the run of the jobs inserted before the measured call
+
+
 def rss_child(path: str, n: int) -> None:
     """Insert n generated jobs through insert_jobs into a fresh WAL file; print RSS in KiB."""
 
@@ -781,7 +803,7 @@ def rss_child(path: str, n: int) -> None:
         store = await Store.connect(path)
         (run,) = make_runs(1, job_count=n)
         await store.insert_run(run)
-        warm = Run("warm.yaml", ["m"], 1, 10)
+        warm = Run(RSS_WARM_MANIFEST, ["m"], 1, 10)
         await store.insert_run(warm)
         await store.insert_jobs(make_jobs(warm, 10))  # import and cache everything first
         before = _status_kib("VmRSS")
@@ -825,7 +847,11 @@ def measure_rss(root: Path, n: int) -> dict[str, Any]:
     ).stdout
     result: dict[str, Any] = json.loads(out)
     conn = sqlite3.connect(path)
-    result["jobs"] = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
+    # The measured call's jobs: those of its run, not the warm-up's.
+    result["jobs"] = conn.execute(
+        "SELECT count(*) FROM jobs JOIN runs ON runs.id = jobs.run_id WHERE runs.manifest <> ?",
+        (RSS_WARM_MANIFEST,),
+    ).fetchone()[0]
     conn.close()
     result["growth_mib"] = (result["rss_peak_kib"] - result["rss_before_kib"]) / 1024
     for leftover in root.glob("rss.db*"):
@@ -849,19 +875,27 @@ SETTINGS = [
 # (0.59-1.29x in memory across runs of one commit; three per round halve that spread).
 INSERT_CALLS = 3
 
+FSYNC_HOP = "fsync 4 KiB, hop to thread"
+
 SINGLE_CALLS = ("insert_run", "get_run", "get_job", "claim_next_run", "record_job_outcome")
 
 
-async def run_rounds(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+async def run_rounds(
+    args: argparse.Namespace, root: Path, after_round: Callable[[], None]
+) -> dict[str, Any]:
     dbs = Databases(root)
     noop_conn = await aiosqlite.connect(":memory:", isolation_level=None)
     try:
-        return await _run_rounds(args, dbs, Bench(dbs, noop_conn))
+        return await _run_rounds(args, dbs, Bench(dbs, noop_conn), after_round)
     finally:
         await noop_conn.close()
 
 
-async def _run_rounds(args: argparse.Namespace, dbs: Databases, bench: Bench) -> dict[str, Any]:
+async def _run_rounds(
+    args: argparse.Namespace, dbs: Databases, bench: Bench, after_round: Callable[[], None]
+) -> dict[str, Any]:
+    """Every workload pair, round after round; after_round runs at the end of each (the
+    peers: so that each round of theirs meets the disk as that round's claim+record did)."""
     rows: dict[tuple[str, str, str], Row] = {}
 
     async def pair(
@@ -960,22 +994,23 @@ async def _run_rounds(args: argparse.Namespace, dbs: Databases, bench: Bench) ->
                     await pair(
                         s.name,
                         f"claim+record x{tasks} tasks",
-                        "raw, 1 record/commit",
+                        "raw, same 2 commits",
                         None,
                         bench.lib_claim_record(s, n, tasks),
-                        bench.raw_record_side(s, n),
+                        bench.raw_claim_record(s, n),
                         128 if tasks > 1 else 25,
                     )
-                hop, direct = bench.fsync_sides(n)
-                await pair(
-                    s.name,
-                    "fsync 4 KiB, hop to thread",
-                    "fsync on this thread",
-                    None,
-                    _ready(hop),
-                    _ready(direct),
-                    50,
-                )
+                if not args.only or args.only in FSYNC_HOP:  # its file is opened here
+                    hop, direct = bench.fsync_sides(n)
+                    await pair(
+                        s.name,
+                        FSYNC_HOP,
+                        "fsync on this thread",
+                        None,
+                        _ready(hop),
+                        _ready(direct),
+                        50,
+                    )
                 await pair(
                     s.name,
                     BATCHED_CLAIM_RECORD,
@@ -985,6 +1020,7 @@ async def _run_rounds(args: argparse.Namespace, dbs: Databases, bench: Bench) ->
                     bench.raw_claim_record_runs(s, n * 4),
                     4,
                 )
+        after_round()
     return {"rows": list(rows.values())}
 
 
@@ -1044,29 +1080,34 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="control-store-bench-"))
     began = time.perf_counter()
     try:
-        results = asyncio.run(run_rounds(args, root))
-        rows: list[Row] = results["rows"]
         peers: dict[str, PeerResult] = {}
-        if args.peers:
-            # As many items as control_store's claim+record rows claim and record.
-            n = next(s.single for s in SETTINGS if s.name == "WAL FULL")
-            workloads = peer_workloads(root, n)
-            for _ in range(args.rounds):
-                for name, peer in workloads.items():
-                    if name not in peers:
-                        peers[name] = PeerResult(importlib.metadata.version(name))
-                    result = peers[name]
-                    for workers in PEER_WORKERS:
-                        print(f"peer {name} x{workers}", file=sys.stderr, flush=True)
-                        try:
-                            seconds = peer(workers)
-                        except PeerFailed as e:
-                            result.failed.setdefault(workers, []).append(str(e))
-                        else:
-                            result.rates.setdefault(workers, []).append(n / seconds)
-                        finally:
-                            shutil.rmtree(root)
-                            root.mkdir()
+        peer_root = root / "peers"  # emptied after each peer run; the rounds' files are beside
+        peer_root.mkdir()
+        # As many items as control_store's claim+record rows claim and record.
+        n = next(s.single for s in SETTINGS if s.name == "WAL FULL")
+        workloads = peer_workloads(peer_root, n) if args.peers else {}
+
+        def peers_round() -> None:
+            for name, peer in workloads.items():
+                if name not in peers:
+                    peers[name] = PeerResult(importlib.metadata.version(name))
+                result = peers[name]
+                for workers in PEER_WORKERS:
+                    print(f"peer {name} x{workers}", file=sys.stderr, flush=True)
+                    try:
+                        seconds = peer(workers)
+                    except PeerFailed as e:
+                        result.failed.setdefault(workers, []).append(str(e))
+                    else:
+                        result.rates.setdefault(workers, []).append(n / seconds)
+                    finally:
+                        shutil.rmtree(peer_root)
+                        peer_root.mkdir()
+
+        results = asyncio.run(run_rounds(args, root, peers_round))
+        rows: list[Row] = results["rows"]
+        if not rows:
+            parser.error(f"--only {args.only!r} matches no workload; see the table's names")
         rss: dict[str, Any] | None = None
         if not args.only:
             print("measuring peak RSS for insert_jobs of generated jobs...", file=sys.stderr)
@@ -1147,21 +1188,23 @@ def report(
     host: dict[str, Any],
     seconds: float,
 ) -> list[str]:
+    wide = max(len(r.baseline) for r in rows)  # the baseline column
     lines = [
         f"machine: {host['cpu']}, {host['cores']} cores; Python {host['python']}, "
         f"SQLite {host['sqlite']}, aiosqlite {host['aiosqlite']}; {host['os']}",
         f"medians of {len(rows[0].lib)} interleaved rounds; ratio = median of per-round "
         f"library/baseline; run took {seconds:.0f} s",
         "",
-        f"| {'setting':<10} | {'workload':<30} | {'library/s':>9} | {'baseline':<19} "
+        f"| {'setting':<10} | {'workload':<30} | {'library/s':>9} | {'baseline':<{wide}} "
         f"| {'baseline/s':>10} | {'ratio':>5} | {'target':>6} | met |",
-        f"|{'-' * 12}|{'-' * 32}|{'-' * 11}|{'-' * 21}|{'-' * 12}|{'-' * 7}|{'-' * 8}|-----|",
+        f"|{'-' * 12}|{'-' * 32}|{'-' * 11}|{'-' * (wide + 2)}|{'-' * 12}|{'-' * 7}|{'-' * 8}"
+        "|-----|",
     ]
     for r in rows:
         target = f">={r.target:g}" if r.target is not None else ""
         lines.append(
             f"| {r.setting:<10} | {r.workload:<30} | {statistics.median(r.lib):>9,.0f} "
-            f"| {r.baseline:<19} | {statistics.median(r.base):>10,.0f} "
+            f"| {r.baseline:<{wide}} | {statistics.median(r.base):>10,.0f} "
             f"| {shown_ratio(r.ratio):>5} | {target:>6} | {r.met:<3} |"
         )
     if peers:

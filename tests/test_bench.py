@@ -58,7 +58,26 @@ def test_the_benchmark_runs_every_workload_and_writes_its_json(tmp_path: Path) -
     assert seen["memory"] == _EVERY_SETTING
     assert seen["WAL NORMAL"] == _EVERY_SETTING
     assert seen["WAL FULL"] == _EVERY_SETTING | _WAL_FULL_ONLY
-    assert result["rss"]["jobs"] == 20_010  # the generated jobs, and 10 that warm it up
+    assert result["rss"]["jobs"] == 20_000  # the measured call's, not the warm-up's 10
+    table = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert len({len(line) for line in table}) <= 2  # aligned: the main table, the peers'
+    baselines = {row["workload"]: row["baseline"] for row in result["rows"]}
+    assert baselines["claim+record x1 tasks"] == "raw, same 2 commits"
     assert set(result["claim_record_per_s"]) == {"1", "64"}
     assert result["claim_record_runs_per_s"] > 0
     assert "| claim_runs(64)" in done.stdout  # the table printed for the README
+
+
+def test_an_only_that_matches_no_workload_says_so(tmp_path: Path) -> None:
+    """--only with a name no workload has is a usage error naming it, not a traceback."""
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--only", "claims_runs", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=RUN_WAIT,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--only 'claims_runs' matches no workload" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not out.exists()
