@@ -543,10 +543,11 @@ def parse_url(url: str | os.PathLike[str]) -> str:
         # SQLite (built with SQLITE_USE_URI, as most are) reads a name starting with "file:" as
         # a URI and opens another file ("file:x.db" is "x.db"); "./file:x.db" is just a name.
         path = os.path.join(os.curdir, path)
+    name = database_name(url, path)
     try:
-        _check_place(path, database_name(url, path))
+        _check_place(path, name)
     except OSError as exc:  # the path cannot even be looked at: too long, not searchable
-        raise _unreachable(path, exc) from exc
+        raise _unreachable(name, exc) from exc
     return path
 
 
@@ -582,10 +583,11 @@ def _memory_as_a_file(given: str) -> ConfigurationError:
     )
 
 
-def _unreachable(path: str, exc: OSError) -> ControlError:
-    """The error for a path the file system refuses to look at (os.stat failed)."""
+def _unreachable(name: str, exc: OSError) -> ControlError:
+    """The error for a path the file system refuses to look at (os.stat failed); ``name`` is
+    the path as messages give it (see database_name)."""
     message = (
-        f"cannot open {path!r}: {exc.strerror or exc}; check the path, and that this user may "
+        f"cannot open {name}: {exc.strerror or exc}; check the path, and that this user may "
         "enter every directory on it"
     )
     if not isinstance(exc, PermissionError):
@@ -1239,13 +1241,14 @@ def _in_wal_mode(path: str) -> bool:
     return header[18:20] == b"\x02\x02"
 
 
-def _locate(path: str) -> tuple[str, tuple[int, int]]:
-    """The absolute path of the opened file and its identity.
+def _locate(path: str) -> tuple[str, tuple[int, int], str]:
+    """The absolute path of the opened file, its identity, and the path SQLite names its -wal
+    and -shm files after (symlinks resolved, as SQLite resolves them).
 
     Absolute, so that a later os.chdir() does not make the file look replaced.
     """
     absolute = os.path.abspath(path)
-    return absolute, _file_identity(absolute)
+    return absolute, _file_identity(absolute), os.path.realpath(absolute)
 
 
 def _file_identity(path: str) -> tuple[int, int]:
@@ -2575,10 +2578,10 @@ class SqliteBackend:
             if path != MEMORY:
                 try:
                     worker = backend._worker
-                    worker.path, worker.identity = _locate(path)
-                    worker.refuse_replaced_wal_files(worker.path)  # sees them first
+                    worker.path, worker.identity, worker.wal_base = _locate(path)
+                    worker.refuse_replaced_wal_files()  # sees them first
                 except OSError as exc:  # the file went away (or out of reach) meanwhile
-                    raise _unreachable(path, exc) from exc
+                    raise _unreachable(database_name(url, path), exc) from exc
             else:
                 backend._inline = True
             if options.migrate:
@@ -2711,7 +2714,13 @@ class SqliteBackend:
         finishes what it was given, then closes the file on its own thread."""
         self._closing = True  # read() and write() refuse from now on
         if self._conn._running:
-            await close_on_worker(self._conn)
+            stop_worker(self._conn)
+        # Every caller waits for the worker to end, which it does once it has closed the file
+        # (after what it was running): a second close() returns only then, as a second close
+        # does on the store's own loop.
+        thread = self._conn._thread
+        if thread.is_alive():
+            await asyncio.to_thread(thread.join)
 
     async def _close(self) -> None:
         """Wait for the writes accepted before close() and for claims still owed, then close the
@@ -2761,7 +2770,10 @@ class SqliteBackend:
             stop_worker(self._conn)
 
     def _now_idle(self) -> None:
-        """No write is in flight or queued any more."""
+        """No write is in flight or queued any more. (Not on a closed loop, where nothing can
+        wait for it: a task the loop abandoned, closed by the garbage collector, ends here.)"""
+        if self._loop.is_closed():
+            return
         self._idle.set()
         self._stop_if_drained()
 
@@ -3018,7 +3030,7 @@ class SqliteBackend:
             return await self._outcome(started, ticket, wait=wait)
         finally:
             self._writing = False
-            if self._pending:
+            if self._pending and not self._loop.is_closed():
                 self._start_flusher()
             else:
                 self._now_idle()
@@ -3050,7 +3062,7 @@ class SqliteBackend:
     def _settle(self) -> None:
         """A claim's caller has its runs, or has given them back (or tried to)."""
         self._owed -= 1
-        if not self._owed:
+        if not self._owed and not self._loop.is_closed():  # see _now_idle
             self._settled.set()
             self._stop_if_drained()
 
@@ -3201,8 +3213,8 @@ class _Worker:
         "lock",
         "path",
         "raw",
+        "wal_base",
         "wal_files",
-        "wal_lost",
     )
 
     def __init__(self, raw: sqlite3.Connection, *, database: str, busy_timeout: float) -> None:
@@ -3214,7 +3226,8 @@ class _Worker:
         self.identity: tuple[int, int] | None = None
         # Those of its -wal and -shm files (None: not seen yet), in _WAL_FILES' order.
         self.wal_files: list[tuple[int, int] | None] = [None] * len(_WAL_FILES)
-        self.wal_lost = False  # see save_lost_wal
+        # The path SQLite names them after: the database's with symlinks resolved.
+        self.wal_base: str | None = None
         # Held by whoever is using the sqlite3 connection: the worker thread for each function
         # it runs, or the event loop's thread for a call run inline (see
         # SqliteBackend._inline_ok).
@@ -3235,9 +3248,11 @@ class _Worker:
 
     def run_read_locked(self, op: Op[T]) -> T:
         try:
-            return op(self.raw)
+            result = op(self.raw)
         except Exception as exc:
             self.raise_(exc)
+        self.save_lost_wal()
+        return result
 
     def transact_one(self, ticket: _Ticket) -> tuple[bool, Any]:
         """On the thread: run the ticket's op in its own BEGIN IMMEDIATE transaction and commit,
@@ -3265,6 +3280,7 @@ class _Worker:
                 self.save_lost_wal()
                 return (False, self.translate(exc))
             conn.execute("COMMIT")
+            self.save_lost_wal()
         except Exception as exc:
             with contextlib.suppress(sqlite3.Error):  # in_transaction raises once closed
                 if conn.in_transaction:
@@ -3318,6 +3334,7 @@ class _Worker:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
             return self.apart(ops, results, exc)
+        self.save_lost_wal()
         return results
 
     def apart(
@@ -3377,9 +3394,9 @@ class _Worker:
             )
             error.retryable = True
             raise error
-        self.refuse_replaced_wal_files(self.path)
+        self.refuse_replaced_wal_files()
 
-    def refuse_replaced_wal_files(self, path: str) -> None:
+    def refuse_replaced_wal_files(self) -> None:
         """Raise StorageError if the database's -wal or -shm file is gone or another file.
 
         SQLite goes on without an error (measured): with the -wal deleted, it commits into the
@@ -3387,34 +3404,46 @@ class _Worker:
         when the process dies (the schema too, on a new database); with the -shm deleted, a
         process connecting next makes a new one, and two processes then write at once,
         corrupting the file. One is seen the first time it is there (SQLite makes both at
-        the connection's first read).
+        the connection's first read). By the path SQLite gives them: a symlink's target's.
         """
+        base = self.wal_base
+        if base is None:
+            return
         for index, (suffix, what) in enumerate(_WAL_FILES):
-            now = _identity_if_there(path + suffix)
+            now = _identity_if_there(base + suffix)
             known = self.wal_files[index]
             if known is None:
                 self.wal_files[index] = now
             elif now != known:
-                self.wal_lost = suffix == "-wal"
                 raise StorageError(
-                    f"{path + suffix!r}, the {what} of {self.database}, was deleted, moved or "
+                    f"{base + suffix!r}, the {what} of {self.database}, was deleted, moved or "
                     "replaced while this store had the database open; nothing of this call was "
                     "written, and no write can be made safely: put the file back if it was "
                     "moved, else close this store with 'await store.close()', not by ending "
                     "the process (closing writes what it holds into the database file), and "
                     "close every other process's store on the file too before connecting "
-                    "again. Never delete a -wal or -shm file while the database is open"
+                    "again. Never delete a -wal or -shm file while the database is open; SQLite "
+                    "itself deletes both when a connection closing takes itself for the last, "
+                    "which it does when a process that has the database open also opened and "
+                    "closed the file itself (a copy with shutil.copy, say: copy a live "
+                    "database with sqlite3's backup API instead)"
                 )
 
     def save_lost_wal(self) -> None:
-        """After refuse_replaced_wal_files found the -wal gone, with no transaction open: copy
+        """With no transaction open: if the -wal the store saw is gone (or another file), copy
         what it holds into the database file (a checkpoint, through the file SQLite still has
-        open), so that the writes acknowledged before survive the process being killed. The
-        -shm's loss needs none: the -wal still holds them for the next connection."""
-        if self.wal_lost:
-            with contextlib.suppress(sqlite3.Error):
-                self.raw.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                self.wal_lost = False
+        open), so that the writes acknowledged before survive the process being killed. After
+        every commit and read too, not only when a write is refused: a -wal deleted during a
+        transaction, or before reads alone, would otherwise keep every write since the last
+        checkpoint only in the deleted file. The -shm's loss needs none: the -wal still holds
+        them for the next connection. If the checkpoint cannot finish (another process
+        reading), the next write is refused all the same."""
+        base = self.wal_base
+        known = self.wal_files[0]
+        if base is None or known is None or _identity_if_there(base + "-wal") == known:
+            return
+        with contextlib.suppress(sqlite3.Error):
+            self.raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     def run_op(self, op: Op[T], undo: Callable[[], None]) -> T:
         """``op(conn)``; if it has to be run again with the lenient text factory (see _claim),

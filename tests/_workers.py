@@ -133,20 +133,41 @@ async def record_acked(db: str, run_id: str, tasks: str) -> None:
     say("finished")
 
 
-async def lose_wal(db: str, run_id: str, count: str) -> None:
+async def lose_wal(db: str, run_id: str, count: str, then: str) -> None:
     """Record ``count`` outcomes, printing each once acknowledged; then delete the -wal (a
-    careless cleanup) and try one more, printing what the store said; then wait to be killed."""
+    careless cleanup) and, as ``then`` says, try one more record ("write", printing what the
+    store said), or read the run ("read"); or insert a new run, then delete it in the middle of
+    an insert_jobs of its 4 jobs ("during", printing the run's id once that returned). Then
+    wait to be killed."""
+    wal = f"{db}-wal"
     async with Store.connect(db) as store:
         jobs = await store.list_jobs(uuid.UUID(run_id))
         for job in jobs[: int(count)]:
             await store.record_job_outcome(job.run_id, JobOutcome(job.id, output="ok"))
             say("ack", job.id)
-        os.unlink(f"{db}-wal")
-        try:
-            await store.record_job_outcome(jobs[-1].run_id, JobOutcome(jobs[-1].id))
-            say("acked-without-wal", jobs[-1].id)
-        except ControlError as exc:
-            say("refused", type(exc).__name__)
+        if then == "during":
+            run = Run("late.yaml", ["m"], 1, 4)
+            await store.insert_run(run)
+
+            def late_jobs() -> Iterator[Job]:
+                for index in range(4):
+                    if index == 2:
+                        os.unlink(wal)  # inside the insert's transaction: after its checks
+                    yield Job(run.id, EvalJob("m", f"s{index}", 0))
+
+            await store.insert_jobs(late_jobs())
+            say("inserted", run.id)
+        else:
+            os.unlink(wal)
+            if then == "read":
+                await store.get_run(uuid.UUID(run_id))
+                say("read")
+            else:
+                try:
+                    await store.record_job_outcome(jobs[-1].run_id, JobOutcome(jobs[-1].id))
+                    say("acked-without-wal", jobs[-1].id)
+                except ControlError as exc:
+                    say("refused", type(exc).__name__)
         wait_go()
 
 

@@ -611,6 +611,11 @@ async def test_messages_about_a_decoded_url_name_the_url_typed_too(
         PendingMigrationError, match=r"database 'my runs.db' \(the URL 'sqlite://my%20runs.db'\)"
     ):
         await Store.connect("sqlite://my%20runs.db", read_only=True)
+    (tmp_path / "my dir").mkdir()
+    with pytest.raises(
+        ConfigurationError, match=r"\(the URL 'sqlite://my%20dir/x{300}\.db'\): File name too long"
+    ):
+        await Store.connect("sqlite://my%20dir/" + "x" * 300 + ".db")
     # Without escapes, the path alone, as before.
     with pytest.raises(ConfigurationError, match=r"database 'x.db' read-only"):
         await Store.connect("sqlite://x.db", read_only=True)

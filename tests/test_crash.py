@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import shutil
 import sqlite3
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -105,22 +106,34 @@ async def test_acknowledged_claims_survive_kill(
     await assert_sound(db)
 
 
+@pytest.mark.parametrize(
+    ("then", "cue", "expected"),
+    [("write", "refused", 5), ("read", "read", 5), ("during", "inserted", 5)],
+)
 async def test_outcomes_acked_before_the_wal_was_deleted_survive_a_kill(
-    template_db: Path, tmp_path: Path, spawn: Callable[..., Worker]
+    template_db: Path,
+    tmp_path: Path,
+    spawn: Callable[..., Worker],
+    then: str,
+    cue: str,
+    expected: int,
 ) -> None:
-    """With its -wal deleted under it, a store refuses the next write and copies what the log
-    held into the database file: killed after that, the process loses none of the outcomes it
-    acknowledged (SQLite alone kept them only in the unlinked log, and the kill lost them
-    all, the run and its jobs too)."""
-    db = fresh(template_db, tmp_path, "lose-wal")
+    """With its -wal deleted under it, a store copies what the log held into the database file
+    at its next call (a refused write, a read) or as the transaction in flight commits: killed
+    after that, the process loses none of the writes it acknowledged (SQLite alone kept them
+    only in the unlinked log, and the kill lost them all, the run and its jobs too)."""
+    db = fresh(template_db, tmp_path, f"lose-wal-{then}")
     run = make_run(job_count=10)
     async with Store.connect(db) as store:
         await store.insert_run(run)
         await store.insert_jobs(make_jobs(run))
-    worker = spawn("lose-wal", db, run.id, 5)
-    assert worker.expect("refused") == ["refused", "StorageError"]
-    recorded = set(acked(worker.kill()))
-    assert len(recorded) == 5
+    worker = spawn("lose-wal", db, run.id, 5, then)
+    words = worker.expect(cue)
+    if then == "write":
+        assert words == ["refused", "StorageError"]
+    lines = worker.kill()
+    recorded = set(acked(lines))
+    assert len(recorded) == expected
     async with Store.connect(db) as store:
         done = {
             str(job.id) for job in await store.list_jobs(run.id) if job.status is JobStatus.DONE
@@ -128,7 +141,11 @@ async def test_outcomes_acked_before_the_wal_was_deleted_survive_a_kill(
         stored = await store.get_run(run.id)
     assert done == recorded
     assert stored is not None
-    assert stored.done_count == 5
+    assert stored.done_count == expected
+    if then == "during":  # the insert the -wal vanished under: acknowledged, so kept
+        (late,) = acked(lines, "inserted")
+        async with Store.connect(db) as store:
+            assert len(await store.list_jobs(uuid.UUID(late))) == 4
     await assert_sound(db)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import threading
 import warnings
 from collections.abc import Awaitable, Callable, Iterator
@@ -177,6 +178,78 @@ def test_a_store_whose_loop_has_closed_is_closed_from_any_loop(url: str) -> None
                 return await again.list_runs()
 
         assert asyncio.run(reopen()) == [run]
+
+
+def test_concurrent_closes_after_the_loop_closed_each_return_once_the_file_is_closed(
+    tmp_path: Path,
+) -> None:
+    """Two close()s from a later loop, while the worker still runs what the closed loop gave
+    it: each returns only once the worker has closed the file and ended, as a second close()
+    does on the store's own loop (it used to return at once, the file still open)."""
+    path = tmp_path / "control.db"
+    release = threading.Event()
+    store = asyncio.run(Store.connect(path))
+    backend = store._backend
+    assert backend is not None
+    worker = backend._conn._thread
+    backend._conn._tx.put_nowait((None, lambda: release.wait(CALL_TIMEOUT)))  # busy
+    alive_at_return: list[bool] = []
+
+    async def close() -> None:
+        await store.close()
+        alive_at_return.append(worker.is_alive())
+
+    async def both() -> None:
+        closing = [asyncio.ensure_future(close()) for _ in range(2)]
+        await asyncio.sleep(0.05)  # both are waiting, the worker still busy
+        assert alive_at_return == []
+        release.set()
+        await asyncio.gather(*closing)
+
+    asyncio.run(both())
+    assert alive_at_return == [False, False]
+    assert held_by_no_connection(path)
+
+
+def test_claims_abandoned_by_a_closed_loop_end_quietly_when_collected(tmp_path: Path) -> None:
+    """A loop closed by hand with claims still pending (not cancelled), the store then closed
+    from a later loop: the abandoned calls, closed by the garbage collector outside any loop,
+    raise nothing inside the store (they used to fail starting the next group, "no running
+    event loop", or waking waiters on the closed loop, as "Exception ignored" tracebacks)."""
+    path = tmp_path / "control.db"
+    loop = asyncio.new_event_loop()
+    try:
+
+        async def setup() -> Store:
+            store = await Store.connect(path)
+            for _ in range(30):
+                await store.insert_run(make_run())
+            return store
+
+        async def claimer(store: Store) -> None:
+            while await store.claim_next_run() is not None:
+                pass
+
+        store = loop.run_until_complete(setup())
+        tasks = [loop.create_task(claimer(store)) for _ in range(8)]
+        for _ in range(3):
+            loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        loop.close()
+    asyncio.run(store.close())
+    unraisable: list[str] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda info: unraisable.append(
+        f"{info.exc_type.__name__}: {info.exc_value}"
+    )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # asyncio: coroutine never finished
+            del tasks, store, loop
+            gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert unraisable == []
 
 
 def test_a_loop_closed_with_a_call_in_flight_leaves_the_worker_thread_running(

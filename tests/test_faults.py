@@ -337,6 +337,19 @@ async def test_a_deleted_wal_or_shm_file_refuses_writes_and_close_keeps_what_was
     await assert_sound(db_path)
 
 
+async def test_a_deleted_wal_is_found_through_a_symlinked_database_path(db_path: Path) -> None:
+    """Opened through a symlink, the store watches the -wal SQLite names after the link's
+    target, and refuses the write after that one is deleted."""
+    link = db_path.with_name("link.db")
+    link.symlink_to(db_path)
+    async with Store.connect(link) as store:
+        await store.insert_run(make_run())
+        assert not Path(f"{link}-wal").exists()  # SQLite's files are the target's
+        Path(f"{db_path}-wal").unlink()
+        with pytest.raises(StorageError, match=rf"'{db_path}-wal'.*deleted"):
+            await store.insert_run(make_run())
+
+
 async def test_a_moved_wal_file_put_back_lets_writes_go_on(db_path: Path) -> None:
     """A -wal moved away refuses writes until it is back, as the database file does."""
     async with Store.connect(db_path) as store:
