@@ -2978,7 +2978,10 @@ class SqliteBackend:
                 f"a claim was cancelled after it committed, and giving its runs back failed "
                 f"({_what_failed(exc, busy_timeout=self._worker.busy_timeout)}); runs "
                 f"{', '.join(back.ids)} stay 'running' with no scheduler working on them: once "
-                f"{self._database} takes writes again, queue them again with: {back.repair()}",
+                f"{self._database} takes writes again, from a client that waits for the write "
+                "lock (the sqlite3 shell started with -cmd '.timeout 5000': without it, it "
+                "fails at once while another process writes), queue them again with: "
+                f"{back.repair()}",
                 RuntimeWarning,
                 stacklevel=1,
             )

@@ -83,3 +83,53 @@ async def test_runs_of_a_killed_scheduler_are_queued_again_by_the_readme_update(
         assert await store.claim_next_run() is None
         assert await store.record_job_outcome(stranded.id, JobOutcome(stranded_jobs[0].id))
         assert await store.check() == []
+
+
+# The README's recipe for a run whose submitter died between insert_run and insert_jobs.
+FIND_SHORT = (
+    "SELECT id, status, job_rows, job_count FROM runs "
+    "WHERE status <> 'done' AND job_rows < job_count"
+)
+SHRINK = (
+    "UPDATE runs SET job_count = job_rows, "
+    "status = CASE WHEN done_count = job_rows THEN 'done' ELSE status END "
+    "WHERE id = '{id}' AND status <> 'done' AND job_rows BETWEEN 1 AND job_count - 1"
+)
+DELETE_EMPTY = "DELETE FROM runs WHERE id = '{id}' AND job_rows = 0"
+
+
+def test_the_readme_gives_the_short_run_recipe_as_these_tests_run_it() -> None:
+    """The SQL below is the README's, word for word (whitespace aside)."""
+    readme = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
+    for sql in (FIND_SHORT, SHRINK, DELETE_EMPTY):
+        assert sql.replace("{id}", "<run id>") in readme.replace("`", ""), sql
+
+
+async def test_a_run_short_of_jobs_is_found_and_shrunk_by_the_readme_sql(db_path: Path) -> None:
+    """A submitter died after inserting 4 of a run's 10 jobs, and another with none: the
+    README's SELECT finds both, its UPDATE shrinks the first to its 4 jobs (claimed, it then
+    finishes with its last outcome), its DELETE drops the empty one, and check() finds
+    nothing."""
+    short, empty = make_run(job_count=10), make_run(job_count=3)
+    jobs = make_jobs(short)[:4]
+    async with Store.connect(db_path) as store:
+        await store.insert_run(short)
+        await store.insert_jobs(jobs)
+        await store.insert_run(empty)
+        claimed = await store.claim_next_run()
+        assert claimed is not None
+        assert claimed.id == short.id
+        for job in jobs[:3]:
+            assert await store.record_job_outcome(short.id, JobOutcome(job.id))
+        with raw_db(db_path) as conn:
+            found = {row[0]: row[1:] for row in conn.execute(FIND_SHORT)}
+            assert found == {str(short.id): ("running", 4, 10), str(empty.id): ("queued", 0, 3)}
+            assert conn.execute(SHRINK.format(id=short.id)).rowcount == 1
+            assert conn.execute(DELETE_EMPTY.format(id=empty.id)).rowcount == 1
+            assert conn.execute(FIND_SHORT).fetchall() == []
+        assert await store.record_job_outcome(short.id, JobOutcome(jobs[3].id))
+        done = await store.get_run(short.id)
+        assert done is not None
+        assert (done.status, done.done_count, done.job_count) == (RunStatus.DONE, 4, 4)
+        assert await store.get_run(empty.id) is None
+        assert await store.check() == []
