@@ -26,6 +26,7 @@ import sqlite3
 import threading
 import time
 import urllib.parse
+import uuid
 import warnings
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
@@ -1474,6 +1475,10 @@ def _lenient_text(conn: sqlite3.Connection) -> Iterator[None]:
         conn.text_factory = str
 
 
+# A runs row as _codec.run_params makes it.
+RunParams = tuple[str, str, str, int, int, str, str, int]
+
+
 def op_insert_run(params: tuple[Any, ...], conn: sqlite3.Connection) -> None:
     try:
         conn.execute(INSERT_RUN, params)
@@ -1571,6 +1576,58 @@ def insert_jobs_op(jobs: Iterable[Job]) -> Op[int]:
     return RunsOnce(jobs, type(jobs).__name__, one_shot=isinstance(jobs, Iterator))
 
 
+def insert_run_with_jobs_op(run: Run, params: RunParams, jobs: Iterable[Job]) -> Op[int]:
+    """The op of insert_run(run, jobs=...): a RunsOnce unless the jobs can be read again."""
+    if _replayable(jobs):
+        return partial(op_insert_run_with_jobs, run, params, jobs)
+    kind = type(jobs).__name__
+    return RunsOnce(jobs, kind, one_shot=isinstance(jobs, Iterator), run=(run, params))
+
+
+def op_insert_run_with_jobs(
+    run: Run, params: RunParams, jobs: Iterable[Job], conn: sqlite3.Connection
+) -> int:
+    """The run, then every one of its jobs, in the op's one transaction: a run is never seen
+    without all its jobs, so no claim can hand out a run whose submitter died between the
+    two (README: a run's jobs come in calls of their own). A job of another run, or a number
+    of jobs other than the run's job_count, fails the op, and nothing is inserted."""
+    op_insert_run(params, conn)
+    try:
+        inserted = op_insert_jobs(_of_run(run, jobs), conn)
+    except ConstraintError as exc:  # _refuse_job_rows': more jobs than job_count
+        raise ConstraintError(
+            f"run {params[0]} has job_count {run.job_count}, but insert_run was given more jobs "
+            f"for it; nothing was inserted: pass exactly {run.job_count} of its jobs, and put "
+            "any others in a new run"
+        ) from exc
+    if inserted != run.job_count:
+        raise ConstraintError(
+            f"run {params[0]} has job_count {run.job_count}, but insert_run was given "
+            f"{inserted} job{'' if inserted == 1 else 's'} for it; nothing was inserted: pass all "
+            f"{run.job_count} of its "
+            "jobs, or insert the run alone and its jobs with insert_jobs, in as many calls as "
+            "you like (a claim may then hand it out before they are all in)"
+        )
+    return inserted
+
+
+def _of_run(run: Run, jobs: Iterable[Job]) -> Iterator[Job]:
+    """``jobs``, refusing one of another run (insert_run's, inserting ``run``). A job that is
+    no Job, or whose run_id is no UUID, goes on to the encoder, which explains it."""
+    run_id = run.id
+    for job in jobs:
+        if type(job) is Job:
+            other = job.run_id
+            if other is not run_id and isinstance(other, uuid.UUID) and other != run_id:
+                raise InvalidInputError(
+                    f"job {job.id} belongs to run {other}, not to run {run_id}, which "
+                    "insert_run was inserting with its jobs; nothing was inserted: give "
+                    "insert_run(run, jobs=...) that run's jobs only (Job(run.id, ...)), and "
+                    "insert other runs' jobs with insert_jobs"
+                )
+        yield job
+
+
 @dataclass(slots=True)
 class RunsOnce:
     """The insert of jobs that may not be read twice (anything but a list or a tuple: a
@@ -1588,9 +1645,12 @@ class RunsOnce:
     jobs: Iterable[Job]
     kind: str  # the type of the caller's iterable, as the error names it
     one_shot: bool
+    run: tuple[Run, RunParams] | None = None  # insert_run's: the run inserted first
     pulled: bool = False
 
     def __call__(self, conn: sqlite3.Connection) -> int:
+        if self.run is not None:
+            return op_insert_run_with_jobs(*self.run, self._watched(), conn)
         return op_insert_jobs(self._watched(), conn)
 
     def _watched(self) -> Iterator[Job]:

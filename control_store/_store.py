@@ -370,13 +370,23 @@ class Store:
             )
         return backend
 
-    async def insert_run(self, run: Run) -> None:
-        """Store a new run. A run with the same id is refused (``AlreadyExistsError``)."""
+    async def insert_run(self, run: Run, *, jobs: Iterable[Job] | None = None) -> None:
+        """Store a new run. A run with the same id is refused (``AlreadyExistsError``).
+
+        With ``jobs``, the run and all its jobs in one transaction: exactly ``job_count`` jobs,
+        each of this run (else ``ConstraintError``, ``InvalidInputError``), any iterable, as
+        insert_jobs takes it. Nothing is inserted unless all of it is, so no claim ever hands
+        out the run short of jobs, whatever happens to the caller meanwhile.
+        """
         backend = self._writable("insert_run")
         if backend.unmigrated is not None:
             await backend.refuse_unmigrated()
         params = _codec.run_params(run)
-        await backend.write(partial(_sqlite.op_insert_run, params), small=True)
+        if jobs is None:
+            await backend.write(partial(_sqlite.op_insert_run, params), small=True)
+            return
+        _check_batch(jobs, what="jobs", item=Job, single="wrap a single job in a list")
+        await backend.write(_sqlite.insert_run_with_jobs_op(run, params, jobs))
 
     async def get_run(self, run_id: uuid.UUID) -> Run | None:
         """The run with this id, or None."""
