@@ -16,6 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from control_store import (
     AlreadyExistsError,
+    ConstraintError,
     ControlError,
     EvalJob,
     InvalidInputError,
@@ -86,6 +87,20 @@ class StoreModel(RuleBasedStateMachine):
         self.call(self.store.insert_run(run))
         self.runs[run.id] = run
         self.jobs_of[run.id] = []
+
+    @rule(job_count=st.integers(1, 4), given=st.integers(0, 5), second=st.integers(0, 3))
+    def insert_run_with_jobs(self, job_count: int, given: int, second: int) -> None:
+        """insert_run(run, jobs=...): all job_count jobs go in with the run; any other number
+        of them, nothing."""
+        run = Run("m.yaml", ["a"], 1, job_count, created_at=BASE + timedelta(seconds=second))
+        jobs = [Job(run.id, EvalJob("a", f"s{i}", 0)) for i in range(given)]
+        if given != job_count:
+            self.refused(self.store.insert_run(run, jobs=jobs), ConstraintError)
+            return
+        self.call(self.store.insert_run(run, jobs=iter(jobs)))
+        self.runs[run.id] = run
+        self.jobs_of[run.id] = [job.id for job in jobs]
+        self.jobs.update((job.id, job) for job in jobs)
 
     @precondition(lambda self: self.runs)
     @rule(data=st.data())
