@@ -1589,7 +1589,7 @@ def op_insert_run_with_jobs(
 ) -> int:
     """The run, then every one of its jobs, in the op's one transaction: a run is never seen
     without all its jobs, so no claim can hand out a run whose submitter died between the
-    two (README: a run's jobs come in calls of their own). A job of another run, or a number
+    two (README: "A run comes with its jobs"). A job of another run, or a number
     of jobs other than the run's job_count, fails the op, and nothing is inserted."""
     op_insert_run(params, conn)
     try:
@@ -1602,11 +1602,11 @@ def op_insert_run_with_jobs(
         ) from exc
     if inserted != run.job_count:
         raise ConstraintError(
-            f"run {params[0]} has job_count {run.job_count}, but insert_run was given "
-            f"{inserted} job{'' if inserted == 1 else 's'} for it; nothing was inserted: pass all "
-            f"{run.job_count} of its "
-            "jobs, or insert the run alone and its jobs with insert_jobs, in as many calls as "
-            "you like (a claim may then hand it out before they are all in)"
+            f"run {params[0]} has job_count {run.job_count}, but insert_run was given {inserted} "
+            f"job{'' if inserted == 1 else 's'} for it; nothing was inserted: pass all "
+            f"{run.job_count} of its jobs, or insert the run alone and its jobs with "
+            "insert_jobs, in as many calls as you like (a claim may then hand it out before "
+            "they are all in)"
         )
     return inserted
 
@@ -1631,8 +1631,8 @@ def _of_run(run: Run, jobs: Iterable[Job]) -> Iterator[Job]:
 @dataclass(slots=True)
 class RunsOnce:
     """The insert of jobs that may not be read twice (anything but a list or a tuple: a
-    generator, or an iterable whose iterator may raise). A group never runs it again (see
-    _Worker.apart).
+    generator, or an iterable whose iterator may raise), after their ``run`` for insert_run's.
+    A group never runs it again (see _Worker.apart).
 
     ``pulled`` is set when the insert takes the first job. From then on a ``one_shot``
     iterable (an iterator: a generator, a map) is consumed, so an error must say so (see told),
