@@ -65,11 +65,13 @@ def _oldest(requirement: str, python: str) -> str | None:
 def oldest(session: nox.Session) -> None:
     """The test suite on every supported Python with the oldest dependencies pyproject.toml
     admits there, so that a floor it declares is a floor that was tested (msgspec's differs
-    by Python)."""
+    by Python). All of it on the oldest Python; elsewhere without the slow multi-process
+    tests, which use the dependencies as the rest do, and would add minutes to CI."""
     python = str(session.python)
     found = (_oldest(r, python) for r in PYPROJECT["project"]["dependencies"])
     session.install("-e", ".", *TEST_DEPS, *(floor for floor in found if floor))
-    session.run("pytest", *session.posargs)
+    quick = [] if python == PYTHONS[0] else ["-m", "not slow"]
+    session.run("pytest", *(session.posargs or quick))
 
 
 @nox.session
