@@ -1534,12 +1534,13 @@ _IF_INSERTED: Final = (
 )
 
 
-def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
+def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection, *, guard: bool = True) -> int:
+    """Insert ``jobs``; ``guard=False`` for jobs the caller's op has guarded (see guarded)."""
     # executemany pulls one row at a time through map, so any iterable streams in bounded
     # memory; last() is the row being inserted when a constraint fails.
     encode, last, per_run = _codec.job_encoder()
     try:
-        cursor = conn.executemany(INSERT_JOB, map(encode, guarded(jobs)))
+        cursor = conn.executemany(INSERT_JOB, map(encode, guarded(jobs) if guard else jobs))
     except InvalidInputError as exc:  # encode's: guarded() wraps what the caller's jobs raise
         _codec.in_batch(exc, "jobs", sum(per_run().values()))
         raise
@@ -1592,14 +1593,8 @@ def op_insert_run_with_jobs(
     two (README: "A run comes with its jobs"). A job of another run, or a number
     of jobs other than the run's job_count, fails the op, and nothing is inserted."""
     op_insert_run(params, conn)
-    try:
-        inserted = op_insert_jobs(_of_run(run, jobs), conn)
-    except ConstraintError as exc:  # _refuse_job_rows': more jobs than job_count
-        raise ConstraintError(
-            f"run {params[0]} has job_count {run.job_count}, but insert_run was given more jobs "
-            f"for it; nothing was inserted: pass exactly {run.job_count} of its jobs, and put "
-            "any others in a new run"
-        ) from exc
+    # _of_run outside the guard: its refusals are the store's, not the caller's iterable's.
+    inserted = op_insert_jobs(_of_run(run, params[0], guarded(jobs)), conn, guard=False)
     if inserted != run.job_count:
         raise ConstraintError(
             f"run {params[0]} has job_count {run.job_count}, but insert_run was given {inserted} "
@@ -1611,12 +1606,15 @@ def op_insert_run_with_jobs(
     return inserted
 
 
-def _of_run(run: Run, jobs: Iterable[Job]) -> Iterator[Job]:
-    """``jobs``, refusing one of another run (insert_run's, inserting ``run``). A job that is
-    no Job, or whose run_id is no UUID, goes on to the encoder, which explains it."""
+def _of_run(run: Run, run_text: str, jobs: Iterable[Job]) -> Iterator[Job]:
+    """``jobs``, refusing one of another run (insert_run's, inserting ``run``), and the job
+    past its job_count as soon as it comes: an endless generator would otherwise hold the
+    write lock, and grow the -wal, for as long as it ran. A job that is no Job, or whose
+    run_id is no UUID, goes on to the encoder, which explains it."""
     run_id = run.id
+    room = run.job_count
     for job in jobs:
-        if type(job) is Job:
+        if isinstance(job, Job):  # a subclass's too: the encoder takes it
             other = job.run_id
             if other is not run_id and isinstance(other, uuid.UUID) and other != run_id:
                 raise InvalidInputError(
@@ -1625,6 +1623,13 @@ def _of_run(run: Run, jobs: Iterable[Job]) -> Iterator[Job]:
                     "insert_run(run, jobs=...) that run's jobs only (Job(run.id, ...)), and "
                     "insert other runs' jobs with insert_jobs"
                 )
+        if not room:
+            raise ConstraintError(
+                f"run {run_text} has job_count {run.job_count}, but insert_run was given more "
+                f"jobs for it; nothing was inserted: pass exactly {run.job_count} of its jobs, "
+                "and put any others in a new run"
+            )
+        room -= 1
         yield job
 
 

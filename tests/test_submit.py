@@ -85,6 +85,64 @@ async def test_a_job_of_another_run_inserts_nothing(store: Store) -> None:
     assert await store.list_jobs(other.id) == []
 
 
+class TaggedJob(Job, frozen=True, kw_only=True):
+    """A caller's own Job subclass, which the store takes as a Job."""
+
+    tag: str = "nightly"
+
+
+async def test_a_job_subclass_of_another_run_is_refused_too(store: Store) -> None:
+    """A Job subclass of another run is refused as a plain Job is (it used to be inserted for
+    that run, and the call to succeed with its own run short of jobs); from a generator, the
+    error also says the generator was consumed."""
+    run, other = make_run(job_count=2), make_run(job_count=5)
+    await store.insert_run(other)
+    jobs = [TaggedJob(run.id, EvalJob("m", "s0", 0)), TaggedJob(other.id, EvalJob("m", "s", 0))]
+    with pytest.raises(InvalidInputError, match=rf"jobs\[1\]: job .* belongs to run {other.id}"):
+        await store.insert_run(run, jobs=jobs)
+    await assert_absent(store, run)
+    assert await store.list_jobs(other.id) == []
+    with pytest.raises(InvalidInputError, match=r"belongs to run .*consumed it"):
+        await store.insert_run(run, jobs=iter(jobs))
+    await assert_absent(store, run)
+
+
+async def test_a_stored_or_repeated_job_id_is_named_as_such(store: Store) -> None:
+    """Exactly job_count jobs, one of them with an id already stored or given twice: the
+    AlreadyExistsError naming that job, as insert_jobs gives it, not a miscount."""
+    first = make_run(job_count=1)
+    [stored] = make_jobs(first)
+    await store.insert_run(first, jobs=[stored])
+    run = make_run(job_count=2)
+    reused = Job(run.id, EvalJob("m", "s", 0), id=stored.id)
+    with pytest.raises(AlreadyExistsError, match=rf"job {stored.id} already exists"):
+        await store.insert_run(run, jobs=[make_jobs(run)[0], reused])
+    await assert_absent(store, run)
+    [twice] = make_jobs(make_run(job_count=1))
+    twice = Job(run.id, twice.spec, id=twice.id)
+    with pytest.raises(AlreadyExistsError, match=rf"job {twice.id} already exists"):
+        await store.insert_run(run, jobs=[twice, twice])
+    await assert_absent(store, run)
+
+
+async def test_an_endless_generator_is_refused_at_the_first_job_too_many(store: Store) -> None:
+    """A generator that never stops is refused when it yields the job past job_count, not
+    read (under the write lock) for as long as it runs."""
+    run = make_run(job_count=3)
+    pulled = 0
+
+    def endless() -> Iterator[Job]:  # bounded only so that a regression fails, not hangs
+        nonlocal pulled
+        while pulled < 100_000:
+            pulled += 1
+            yield Job(run.id, EvalJob("m", f"s{pulled}", 0))
+
+    with pytest.raises(ConstraintError, match=r"given more jobs .*pass exactly 3.*consumed it"):
+        await store.insert_run(run, jobs=endless())
+    assert pulled == 4
+    await assert_absent(store, run)
+
+
 async def test_an_existing_run_or_a_bad_job_inserts_nothing(store: Store) -> None:
     """A run id already stored (AlreadyExistsError), an invalid job (InvalidInputError), or the
     caller's own iterable failing (its exception, as raised): no job of the call is stored."""
