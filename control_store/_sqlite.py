@@ -1243,13 +1243,14 @@ def _in_wal_mode(path: str) -> bool:
 
 
 def _locate(path: str) -> tuple[str, tuple[int, int], str]:
-    """The absolute path of the opened file, its identity, and the path SQLite names its -wal
-    and -shm files after (symlinks resolved, as SQLite resolves them).
+    """The path of the opened file, its identity, and the path SQLite names its -wal and -shm
+    files after: one path, symlinks resolved as the kernel and SQLite resolve them (a
+    lexical abspath would read "link/../x.db" as "x.db" beside the link, another file).
 
     Absolute, so that a later os.chdir() does not make the file look replaced.
     """
-    absolute = os.path.abspath(path)
-    return absolute, _file_identity(absolute), os.path.realpath(absolute)
+    real = os.path.realpath(path)
+    return real, _file_identity(real), real
 
 
 def _file_identity(path: str) -> tuple[int, int]:
@@ -1534,13 +1535,21 @@ _IF_INSERTED: Final = (
 )
 
 
-def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection, *, guard: bool = True) -> int:
-    """Insert ``jobs``; ``guard=False`` for jobs the caller's op has guarded (see guarded)."""
+def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection) -> int:
+    return sum(_insert_jobs(jobs, conn).values())
+
+
+def _insert_jobs(
+    jobs: Iterable[Job], conn: sqlite3.Connection, *, with_run: str | None = None
+) -> dict[str, int]:
+    """Insert ``jobs``; return how many went to each run (by id text). ``with_run``: the id of
+    the run insert_run inserts with them, whose op has guarded them already (see _of_run),
+    and whose caller is told of a job id taken as insert_run's."""
     # executemany pulls one row at a time through map, so any iterable streams in bounded
     # memory; last() is the row being inserted when a constraint fails.
     encode, last, per_run = _codec.job_encoder()
     try:
-        cursor = conn.executemany(INSERT_JOB, map(encode, guarded(jobs) if guard else jobs))
+        conn.executemany(INSERT_JOB, map(encode, guarded(jobs) if with_run is None else jobs))
     except InvalidInputError as exc:  # encode's: guarded() wraps what the caller's jobs raise
         _codec.in_batch(exc, "jobs", sum(per_run().values()))
         raise
@@ -1548,6 +1557,8 @@ def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection, *, guard: bool
         name = getattr(exc, "sqlite_errorname", "")
         failed = last()
         if failed is not None and name == "SQLITE_CONSTRAINT_PRIMARYKEY":
+            if with_run is not None:
+                raise _job_id_taken(failed[0], with_run, conn) from exc
             raise AlreadyExistsError(
                 f"job {failed[0]} already exists; no job of this call was inserted: drop it "
                 "from the batch, or give it a fresh id"
@@ -1558,10 +1569,27 @@ def op_insert_jobs(jobs: Iterable[Job], conn: sqlite3.Connection, *, guard: bool
                 f"this call was inserted: insert the run first ({_IF_INSERTED})"
             ) from exc
         raise
-    for run_id, added in per_run().items():
+    counts = per_run()
+    for run_id, added in counts.items():
         if conn.execute(ADD_JOB_ROWS, (added, run_id, added)).rowcount != 1:
             _refuse_job_rows(run_id, added, conn)
-    return cursor.rowcount
+    return counts
+
+
+def _job_id_taken(job_id: str, run_id: str, conn: sqlite3.Connection) -> AlreadyExistsError:
+    """The error for insert_run's job whose id a job has already: one stored before, or one
+    given earlier in the same call (inserted by then, in the call's own transaction)."""
+    row = conn.execute(SELECT_JOB_RUN, (job_id,)).fetchone()
+    if row is not None and row[0] == run_id:
+        return AlreadyExistsError(
+            f"job {job_id} is given twice in insert_run's jobs for run {run_id}; nothing was "
+            "inserted, the run neither: give each job its own id (Job(...) makes one by "
+            "default)"
+        )
+    return AlreadyExistsError(
+        f"job {job_id} already exists; nothing was inserted, the run {run_id} neither: give "
+        "that job of the run a fresh id (Job(...) makes one by default)"
+    )
 
 
 def _replayable(items: Iterable[Any]) -> bool:
@@ -1592,9 +1620,18 @@ def op_insert_run_with_jobs(
     without all its jobs, so no claim can hand out a run whose submitter died between the
     two (README: "A run comes with its jobs"). A job of another run, or a number
     of jobs other than the run's job_count, fails the op, and nothing is inserted."""
+    run_id = params[0]
     op_insert_run(params, conn)
     # _of_run outside the guard: its refusals are the store's, not the caller's iterable's.
-    inserted = op_insert_jobs(_of_run(run, params[0], guarded(jobs)), conn, guard=False)
+    counts = _insert_jobs(_of_run(run, run_id, guarded(jobs)), conn, with_run=run_id)
+    strays = [other for other in counts if other != run_id]
+    if strays:  # a run_id whose own __eq__ said it was this run's: the rows say otherwise
+        raise InvalidInputError(
+            f"a job given to insert_run for run {run_id} belongs to run {strays[0]}; nothing "
+            "was inserted: give insert_run(run, jobs=...) that run's jobs only (Job(run.id, "
+            "...))"
+        )
+    inserted = counts.get(run_id, 0)
     if inserted != run.job_count:
         raise ConstraintError(
             f"run {params[0]} has job_count {run.job_count}, but insert_run was given {inserted} "
@@ -3170,9 +3207,9 @@ class SqliteBackend:
             self._flusher = None
             self._now_idle()
             # Left only if this coroutine was closed mid-queue (its event loop gone): callers
-            # still waiting must not hang.
+            # still waiting must not hang. (On a closed loop none can wait: see _now_idle.)
             for _, fut in self._pending:
-                if not fut.done():
+                if not fut.done() and not self._loop.is_closed():
                     closed = StoreClosedError(f"the store for {self._database} closed")
                     fut.set_result((False, closed))
             self._pending = []
@@ -3504,14 +3541,15 @@ class _Worker:
         every commit and read too, not only when a write is refused: a -wal deleted during a
         transaction, or before reads alone, would otherwise keep every write since the last
         checkpoint only in the deleted file. The -shm's loss needs none: the -wal still holds
-        them for the next connection. If the checkpoint cannot finish (another process
-        reading), the next write is refused all the same."""
+        them for the next connection. PASSIVE: it never waits for another process's reader (a
+        waiting mode would hold every call for busy_timeout while one reads), and copies what
+        that reader leaves it; the next call copies the rest. Writes are refused meanwhile."""
         base = self.wal_base
         known = self.wal_files[0]
         if base is None or known is None or _identity_if_there(base + "-wal") == known:
             return
         with contextlib.suppress(sqlite3.Error):
-            self.raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            self.raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def run_op(self, op: Op[T], undo: Callable[[], None]) -> T:
         """``op(conn)``; if it has to be run again with the lenient text factory (see _claim),

@@ -252,6 +252,54 @@ def test_claims_abandoned_by_a_closed_loop_end_quietly_when_collected(tmp_path: 
     assert unraisable == []
 
 
+def test_writes_queued_behind_a_group_of_a_closed_loop_end_quietly_when_collected(
+    tmp_path: Path,
+) -> None:
+    """A loop closed by hand while a group of writes runs on the thread and more wait behind
+    it: once the store is closed from a later loop and the abandoned calls are collected,
+    the group's task ends without raising (it used to complete the waiting callers' futures
+    on the closed loop: "RuntimeError: Event loop is closed")."""
+    path = tmp_path / "control.db"
+    hold_first, hold_group = threading.Event(), threading.Event()
+    loop = asyncio.new_event_loop()
+    try:
+        store = loop.run_until_complete(Store.connect(path))
+        backend = store._backend
+        assert backend is not None
+        queue = backend._conn._tx
+        queue.put_nowait((None, lambda: hold_first.wait(CALL_TIMEOUT)))
+        tasks = [loop.create_task(store.insert_run(make_run()))]  # to the thread, held
+        loop.run_until_complete(asyncio.sleep(0))
+        queue.put_nowait((None, lambda: hold_group.wait(CALL_TIMEOUT)))  # after the first
+        tasks += [loop.create_task(store.insert_run(make_run())) for _ in range(2)]
+        loop.run_until_complete(asyncio.sleep(0))  # both wait for the first to end
+        hold_first.set()
+        loop.run_until_complete(tasks[0])  # its end starts the group, held on the thread
+        for _ in range(3):
+            loop.run_until_complete(asyncio.sleep(0))
+        assert backend._flusher is not None
+        tasks += [loop.create_task(store.insert_run(make_run())) for _ in range(2)]
+        loop.run_until_complete(asyncio.sleep(0))  # queued behind the group
+        assert len(backend._pending) == 2
+    finally:
+        loop.close()
+    hold_group.set()
+    asyncio.run(store.close())
+    unraisable: list[str] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda info: unraisable.append(
+        f"{info.exc_type.__name__}: {info.exc_value}"
+    )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # asyncio: coroutine never finished
+            del tasks, store, backend, loop, queue
+            gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert unraisable == []
+
+
 def test_a_loop_closed_with_a_call_in_flight_leaves_the_worker_thread_running(
     tmp_path: Path,
 ) -> None:

@@ -31,7 +31,7 @@ from control_store import (
     _sqlite,
 )
 
-from conftest import Worker, assert_sound, group_in_flight, make_jobs, make_run
+from conftest import CALL_TIMEOUT, Worker, assert_sound, group_in_flight, make_jobs, make_run
 
 pytestmark = pytest.mark.slow
 
@@ -348,6 +348,48 @@ async def test_a_deleted_wal_is_found_through_a_symlinked_database_path(db_path:
         Path(f"{db_path}-wal").unlink()
         with pytest.raises(StorageError, match=rf"'{db_path}-wal'.*deleted"):
             await store.insert_run(make_run())
+
+
+async def test_a_path_through_a_symlink_and_dotdot_watches_the_file_sqlite_opens(
+    tmp_path: Path,
+) -> None:
+    """ "w/link/../x.db", link pointing to "a/b": the kernel and SQLite open "a/x.db", and so
+    does the store's watch (a lexical abspath read it as "w/x.db": the connect was refused
+    after SQLite had made its file, or, with an unrelated "w/x.db" there, the watch looked at
+    that one and missed the -wal's loss)."""
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "link").symlink_to(tmp_path / "a" / "b")
+    path = tmp_path / "w" / "link" / ".." / "x.db"
+    async with Store.connect(str(path)) as store:
+        await store.insert_run(make_run())
+        assert (tmp_path / "a" / "x.db").is_file()
+        (tmp_path / "w" / "x.db").write_bytes(b"")  # an unrelated file where abspath looks
+        Path(tmp_path / "a" / "x.db-wal").unlink()
+        with pytest.raises(StorageError, match=r"x\.db-wal'.*deleted"):
+            await store.insert_run(make_run())
+
+
+async def test_a_lost_wal_beside_another_process_reading_does_not_hold_calls(
+    db_path: Path,
+) -> None:
+    """With the -wal gone and another connection holding a read open, reads go on and a write
+    is refused at once: the store's rescue never waits for that reader (a waiting checkpoint
+    held every call for busy_timeout, here far longer than the hang guard)."""
+    run = make_run()
+    async with Store.connect(db_path, busy_timeout=CALL_TIMEOUT * 6) as store:
+        await store.insert_run(run)
+        reader = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM runs").fetchall()  # a snapshot, held
+            Path(f"{db_path}-wal").unlink()
+            assert await asyncio.wait_for(store.get_run(run.id), CALL_TIMEOUT) == run
+            with pytest.raises(StorageError, match="-wal"):
+                await asyncio.wait_for(store.insert_run(make_run()), CALL_TIMEOUT)
+        finally:
+            reader.close()
+        assert await store.get_run(run.id) == run
 
 
 async def test_a_moved_wal_file_put_back_lets_writes_go_on(db_path: Path) -> None:

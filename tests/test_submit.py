@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -115,14 +116,48 @@ async def test_a_stored_or_repeated_job_id_is_named_as_such(store: Store) -> Non
     await store.insert_run(first, jobs=[stored])
     run = make_run(job_count=2)
     reused = Job(run.id, EvalJob("m", "s", 0), id=stored.id)
-    with pytest.raises(AlreadyExistsError, match=rf"job {stored.id} already exists"):
+    with pytest.raises(
+        AlreadyExistsError,
+        match=rf"job {stored.id} already exists; nothing was inserted, the run {run.id} "
+        r"neither: give that job of the run a fresh id",
+    ):
         await store.insert_run(run, jobs=[make_jobs(run)[0], reused])
     await assert_absent(store, run)
-    [twice] = make_jobs(make_run(job_count=1))
-    twice = Job(run.id, twice.spec, id=twice.id)
-    with pytest.raises(AlreadyExistsError, match=rf"job {twice.id} already exists"):
+    twice = make_jobs(run)[0]
+    with pytest.raises(
+        AlreadyExistsError,
+        match=rf"job {twice.id} is given twice in insert_run's jobs for run {run.id}; nothing "
+        r"was inserted, the run neither: give each job its own id",
+    ):
         await store.insert_run(run, jobs=[twice, twice])
     await assert_absent(store, run)
+
+
+class _Liar(uuid.UUID):
+    """A UUID whose comparisons say it equals anything: a caller's value is never trusted
+    to compare honestly."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __ne__(self, other: object) -> bool:
+        return False
+
+    __hash__ = uuid.UUID.__hash__
+
+
+async def test_a_run_id_that_lies_about_equality_cannot_slip_a_job_into_another_run(
+    store: Store,
+) -> None:
+    """A job whose run_id is a UUID subclass claiming to equal the run's id, but naming another
+    run: refused by the rows the job would make, and nothing is inserted."""
+    run, other = make_run(job_count=2), make_run(job_count=5)
+    await store.insert_run(other)
+    liar = Job(_Liar(int=other.id.int), EvalJob("m", "s", 0))
+    with pytest.raises(InvalidInputError, match=rf"belongs to run {other.id}; nothing"):
+        await store.insert_run(run, jobs=[make_jobs(run)[0], liar])
+    await assert_absent(store, run)
+    assert await store.list_jobs(other.id) == []
 
 
 async def test_an_endless_generator_is_refused_at_the_first_job_too_many(store: Store) -> None:
