@@ -1955,6 +1955,11 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
     }
     ours = {part.name for part in _expected_schema()} | {_migrate.TRACKING_TABLE}
     unsound: set[str] = set()
+    # What a table's repair remakes with it: all its indexes, where the table itself is to be
+    # made again; those keying a column to be renamed back (an index follows a rename), where
+    # only columns are. Any other index of such a table is checked as ever.
+    remade: set[str] = set()
+    damaged: dict[str, set[object]] = {}
 
     def report(message: str) -> None:
         found("database", "", message)
@@ -1972,8 +1977,8 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
     for part in _expected_schema():
         kind, table = have.get(part.name, (None, None))
         if part.kind == "index":
-            if part.table in unsound:
-                continue  # repaired with its table
+            if part.table in remade or damaged.get(part.table, set()) & set(part.column_names):
+                continue  # repaired with its table, or with its column
             shape = (part.columns, part.keys, part.flags)
             if (
                 kind == "index"
@@ -1989,6 +1994,7 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
             continue
         if kind != "table":
             unsound.add(part.name)
+            remade.add(part.name)
             clear = "" if kind is None else f"DROP {str(kind).upper()} {part.name}; "
             # A table of the user's with this one's columns may be this one, renamed.
             renamed = next(
@@ -2033,6 +2039,7 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
             if got == want:
                 continue
             unsound.add(part.name)
+            damaged.setdefault(part.name, set()).add(want[0])
             if got is None:
                 back = (
                     f"if {part.name}.{strangers[0]} is it renamed, rename it back: ALTER TABLE "

@@ -250,6 +250,27 @@ async def test_an_index_remade_with_another_collation_or_order_is_found(
     assert await _check(db_path) == []
 
 
+async def test_an_index_is_checked_beside_a_renamed_column_it_does_not_key(
+    db_path: Path,
+) -> None:
+    """A column renamed by hand and an index remade COLLATE NOCASE on the same table: one
+    check() names both (the index was held back until the column was repaired, so each
+    repair brought up a new finding); an index keying the renamed column is left to the
+    column's repair, which it follows back."""
+    await stored_run(db_path)
+    with raw_db(db_path) as conn:
+        conn.execute("ALTER TABLE runs RENAME COLUMN manifest TO manifest_path")
+        conn.execute("DROP INDEX idx_runs_status")
+        conn.execute("CREATE INDEX idx_runs_status ON runs (status COLLATE NOCASE, created_at)")
+        conn.execute("ALTER TABLE jobs RENAME COLUMN run_id TO run")  # idx_jobs_run follows
+    messages = [problem.message for problem in await _check(db_path)]
+    assert any("lacks column runs.manifest" in m for m in messages), messages
+    assert any("lacks index idx_runs_status as this release made it" in m for m in messages)
+    assert any("lacks column jobs.run_id" in m for m in messages), messages
+    # idx_jobs_run keys the renamed run_id: repaired with it, not named apart.
+    assert not any("idx_jobs_run" in m for m in messages), messages
+
+
 def _unindexed_job(db_path: Path) -> None:
     """Insert a job row that idx_jobs_run does not hold, as a crash or bad copy could leave."""
     with raw_db(db_path) as conn:
