@@ -8,6 +8,7 @@ thread died completing it and every later call, on any loop, waited forever.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import sys
 import threading
@@ -211,6 +212,22 @@ def test_concurrent_closes_after_the_loop_closed_each_return_once_the_file_is_cl
     assert held_by_no_connection(path)
 
 
+@contextlib.contextmanager
+def _unraisable() -> Iterator[list[str]]:
+    """What finalizers and the garbage collector raised inside the block, where nothing can
+    catch it ("Exception ignored in ..."). asyncio's RuntimeWarning for an abandoned
+    coroutine that never finished is expected there, and ignored."""
+    raised: list[str] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda info: raised.append(f"{info.exc_type.__name__}: {info.exc_value}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            yield raised
+    finally:
+        sys.unraisablehook = hook
+
+
 def test_claims_abandoned_by_a_closed_loop_end_quietly_when_collected(tmp_path: Path) -> None:
     """A loop closed by hand with claims still pending (not cancelled), the store then closed
     from a later loop: the abandoned calls, closed by the garbage collector outside any loop,
@@ -237,19 +254,10 @@ def test_claims_abandoned_by_a_closed_loop_end_quietly_when_collected(tmp_path: 
     finally:
         loop.close()
     asyncio.run(store.close())
-    unraisable: list[str] = []
-    hook = sys.unraisablehook
-    sys.unraisablehook = lambda info: unraisable.append(
-        f"{info.exc_type.__name__}: {info.exc_value}"
-    )
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # asyncio: coroutine never finished
-            del tasks, store, loop
-            gc.collect()
-    finally:
-        sys.unraisablehook = hook
-    assert unraisable == []
+    with _unraisable() as raised:
+        del tasks, store, loop
+        gc.collect()
+    assert raised == []
 
 
 def test_writes_queued_behind_a_group_of_a_closed_loop_end_quietly_when_collected(
@@ -285,19 +293,10 @@ def test_writes_queued_behind_a_group_of_a_closed_loop_end_quietly_when_collecte
         loop.close()
     hold_group.set()
     asyncio.run(store.close())
-    unraisable: list[str] = []
-    hook = sys.unraisablehook
-    sys.unraisablehook = lambda info: unraisable.append(
-        f"{info.exc_type.__name__}: {info.exc_value}"
-    )
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # asyncio: coroutine never finished
-            del tasks, store, backend, loop, queue
-            gc.collect()
-    finally:
-        sys.unraisablehook = hook
-    assert unraisable == []
+    with _unraisable() as raised:
+        del tasks, store, backend, loop, queue
+        gc.collect()
+    assert raised == []
 
 
 def test_a_loop_closed_with_a_call_in_flight_leaves_the_worker_thread_running(
