@@ -1244,13 +1244,16 @@ def _in_wal_mode(path: str) -> bool:
 
 def _locate(path: str) -> tuple[str, tuple[int, int], str]:
     """The path of the opened file, its identity, and the path SQLite names its -wal and -shm
-    files after: one path, symlinks resolved as the kernel and SQLite resolve them (a
-    lexical abspath would read "link/../x.db" as "x.db" beside the link, another file).
+    files after (symlinks resolved, as SQLite resolves them).
 
-    Absolute, so that a later os.chdir() does not make the file look replaced.
+    The first is the path as given, made absolute so that a later os.chdir() does not make
+    the file look replaced, but not normalised: the kernel resolves it afresh at each check,
+    so a symlink on it retargeted under the store is seen as the file replaced, and
+    "link/../x.db" stays the file SQLite opened (abspath would read it as "x.db" beside the
+    link: another file). The last resolves every symlink, as SQLite does to name its files.
     """
-    real = os.path.realpath(path)
-    return real, _file_identity(real), real
+    absolute = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+    return absolute, _file_identity(absolute), os.path.realpath(absolute)
 
 
 def _file_identity(path: str) -> tuple[int, int]:

@@ -370,6 +370,30 @@ async def test_a_path_through_a_symlink_and_dotdot_watches_the_file_sqlite_opens
             await store.insert_run(make_run())
 
 
+async def test_a_symlink_on_the_path_retargeted_under_the_store_refuses_writes(
+    tmp_path: Path,
+) -> None:
+    """A directory symlink on the store's path pointed elsewhere while the store is open: the
+    path now names another file, and writes are refused as for a replaced file; pointed
+    back, they go on."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    link = tmp_path / "current"
+    link.symlink_to(tmp_path / "a")
+    async with Store.connect(link / "x.db") as store:
+        await store.insert_run(make_run())
+        async with Store.connect(tmp_path / "b" / "x.db"):  # a database at the new target
+            pass
+        link.unlink()
+        link.symlink_to(tmp_path / "b")
+        with pytest.raises(StorageError, match=r"deleted, moved or replaced"):
+            await store.insert_run(make_run())
+        link.unlink()
+        link.symlink_to(tmp_path / "a")
+        await store.insert_run(make_run())
+        assert len(await store.list_runs()) == 2
+
+
 async def test_a_lost_wal_beside_another_process_reading_does_not_hold_calls(
     db_path: Path,
 ) -> None:
