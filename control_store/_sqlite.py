@@ -2065,6 +2065,12 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
             if key in keys:
                 continue
             unsound.add(part.name)
+            if (
+                key[0] in damaged.get(part.name, ())
+                or key[1] in remade
+                or key[2] in damaged.get(key[1], ())
+            ):
+                continue  # a rename moved it, and renaming back (the finding made) moves it back
             now = [other for other in keys if other[0] == key[0]]
             why = (
                 f"it refers to {now[0][1]}({now[0][2]}) instead: renaming a table rewrites the "
@@ -3363,11 +3369,9 @@ class _Worker:
 
     def run_read_locked(self, op: Op[T]) -> T:
         try:
-            result = op(self.raw)
+            return op(self.raw)
         except Exception as exc:
             self.raise_(exc)
-        self.save_lost_wal()
-        return result
 
     def transact_one(self, ticket: _Ticket) -> tuple[bool, Any]:
         """On the thread: run the ticket's op in its own BEGIN IMMEDIATE transaction and commit,
@@ -3392,10 +3396,8 @@ class _Worker:
             except BaseException as exc:  # KeyboardInterrupt from a job generator too
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                self.save_lost_wal()
                 return (False, self.translate(exc))
             conn.execute("COMMIT")
-            self.save_lost_wal()
         except Exception as exc:
             with contextlib.suppress(sqlite3.Error):  # in_transaction raises once closed
                 if conn.in_transaction:
@@ -3440,7 +3442,6 @@ class _Worker:
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
-            self.save_lost_wal()
             return [(False, self.translate(exc)) for _ in ops]
         try:
             conn.execute("COMMIT")
@@ -3449,7 +3450,6 @@ class _Worker:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
             return self.apart(ops, results, exc)
-        self.save_lost_wal()
         return results
 
     def apart(
@@ -3520,6 +3520,11 @@ class _Worker:
         process connecting next makes a new one, and two processes then write at once,
         corrupting the file. One is seen the first time it is there (SQLite makes both at
         the connection's first read). By the path SQLite gives them: a symlink's target's.
+
+        What a lost -wal holds is not copied into the database file here: a checkpoint that
+        another process's open read stops part-way leaves the file, once the -wal is gone, a
+        mix of page versions that SQLite reads as malformed (a review reproduced it). The last
+        connection to close copies it whole, as it always does: hence "close, do not kill".
         """
         base = self.wal_base
         if base is None:
@@ -3543,23 +3548,6 @@ class _Worker:
                     "closed the file itself (a copy with shutil.copy, say: copy a live "
                     "database with sqlite3's backup API instead)"
                 )
-
-    def save_lost_wal(self) -> None:
-        """With no transaction open: if the -wal the store saw is gone (or another file), copy
-        what it holds into the database file (a checkpoint, through the file SQLite still has
-        open), so that the writes acknowledged before survive the process being killed. After
-        every commit and read too, not only when a write is refused: a -wal deleted during a
-        transaction, or before reads alone, would otherwise keep every write since the last
-        checkpoint only in the deleted file. The -shm's loss needs none: the -wal still holds
-        them for the next connection. PASSIVE: it never waits for another process's reader (a
-        waiting mode would hold every call for busy_timeout while one reads), and copies what
-        that reader leaves it; the next call copies the rest. Writes are refused meanwhile."""
-        base = self.wal_base
-        known = self.wal_files[0]
-        if base is None or known is None or _identity_if_there(base + "-wal") == known:
-            return
-        with contextlib.suppress(sqlite3.Error):
-            self.raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def run_op(self, op: Op[T], undo: Callable[[], None]) -> T:
         """``op(conn)``; if it has to be run again with the lenient text factory (see _claim),

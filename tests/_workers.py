@@ -138,7 +138,7 @@ async def lose_wal(db: str, run_id: str, count: str, then: str) -> None:
     careless cleanup) and, as ``then`` says, try one more record ("write", printing what the
     store said), or read the run ("read"); or insert a new run, then delete it in the middle of
     an insert_jobs of its 4 jobs ("during", printing the run's id once that returned). Then
-    wait to be killed."""
+    wait for go (or a kill), close the store, and print "closed"."""
     wal = f"{db}-wal"
     async with Store.connect(db) as store:
         jobs = await store.list_jobs(uuid.UUID(run_id))
@@ -169,6 +169,7 @@ async def lose_wal(db: str, run_id: str, count: str, then: str) -> None:
                 except ControlError as exc:
                     say("refused", type(exc).__name__)
         wait_go()
+    say("closed")
 
 
 async def insert_runs_acked(db: str, tasks: str) -> None:

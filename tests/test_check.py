@@ -271,6 +271,32 @@ async def test_an_index_is_checked_beside_a_renamed_column_it_does_not_key(
     assert not any("idx_jobs_run" in m for m in messages), messages
 
 
+@pytest.mark.parametrize(
+    ("rename", "back"),
+    [
+        ("ALTER TABLE jobs RENAME COLUMN run_id TO rid", "rename it back"),
+        ("ALTER TABLE runs RENAME COLUMN id TO rid", "rename it back"),
+        ("ALTER TABLE runs RENAME TO runs_old", "if runs_old is runs renamed, rename it back"),
+    ],
+    ids=["key-column", "referenced-column", "referenced-table"],
+)
+async def test_a_rename_that_moved_a_foreign_key_asks_only_to_rename_back(
+    db_path: Path, rename: str, back: str
+) -> None:
+    """A column or table renamed by hand moves the foreign key with it: check() asks to rename
+    it back, which moves the key back, and not also to restore from a backup for the key
+    (which would throw recent data away); renamed back, nothing is left to find."""
+    await stored_run(db_path)
+    with raw_db(db_path) as conn:
+        conn.execute(rename)
+    messages = [problem.message for problem in await _check(db_path)]
+    assert any(back in m for m in messages), messages
+    assert not any("refer" in m for m in messages), messages
+    (problem,) = [p for p in await _check(db_path) if back in p.message]
+    follow_advice(db_path, problem.message, r"(ALTER TABLE [^;]+);")
+    assert await _check(db_path) == []
+
+
 def _unindexed_job(db_path: Path) -> None:
     """Insert a job row that idx_jobs_run does not hold, as a crash or bad copy could leave."""
     with raw_db(db_path) as conn:

@@ -107,45 +107,67 @@ async def test_acknowledged_claims_survive_kill(
 
 
 @pytest.mark.parametrize(
-    ("then", "cue", "expected"),
-    [("write", "refused", 5), ("read", "read", 5), ("during", "inserted", 5)],
+    ("then", "cue", "words"),
+    [("write", "refused", ["refused", "StorageError"]), ("read", "read", ["read"])],
 )
-async def test_outcomes_acked_before_the_wal_was_deleted_survive_a_kill(
+@pytest.mark.parametrize("end", ["close", "kill"])
+async def test_a_lost_wal_keeps_what_was_acked_through_a_close_and_the_file_sound_through_a_kill(
     template_db: Path,
     tmp_path: Path,
     spawn: Callable[..., Worker],
     then: str,
     cue: str,
-    expected: int,
+    words: list[str],
+    end: str,
 ) -> None:
-    """With its -wal deleted under it, a store copies what the log held into the database file
-    at its next call (a refused write, a read) or as the transaction in flight commits: killed
-    after that, the process loses none of the writes it acknowledged (SQLite alone kept them
-    only in the unlinked log, and the kill lost them all, the run and its jobs too)."""
-    db = fresh(template_db, tmp_path, f"lose-wal-{then}")
+    """With its -wal deleted under it, a store refuses the next write (a read still answers).
+    Closed, the process keeps every write it acknowledged: SQLite's last connection copies the
+    log it still holds into the database file. Killed, those writes are lost with the log, as
+    with SQLite alone, but the file stays sound (see test_faults: the store never copies the
+    log part-way)."""
+    db = fresh(template_db, tmp_path, f"lose-wal-{then}-{end}")
     run = make_run(job_count=10)
     async with Store.connect(db) as store:
         await store.insert_run(run)
         await store.insert_jobs(make_jobs(run))
     worker = spawn("lose-wal", db, run.id, 5, then)
-    words = worker.expect(cue)
-    if then == "write":
-        assert words == ["refused", "StorageError"]
-    lines = worker.kill()
+    assert worker.expect(cue) == words
+    if end == "close":
+        worker.go()
+        lines = worker.finish()
+        assert ["closed"] in lines
+    else:
+        lines = worker.kill()
     recorded = set(acked(lines))
-    assert len(recorded) == expected
-    async with Store.connect(db) as store:
-        done = {
-            str(job.id) for job in await store.list_jobs(run.id) if job.status is JobStatus.DONE
-        }
-        stored = await store.get_run(run.id)
-    assert done == recorded
-    assert stored is not None
-    assert stored.done_count == expected
-    if then == "during":  # the insert the -wal vanished under: acknowledged, so kept
-        (late,) = acked(lines, "inserted")
+    assert len(recorded) == 5
+    await assert_sound(db)
+    if end == "close":
         async with Store.connect(db) as store:
-            assert len(await store.list_jobs(uuid.UUID(late))) == 4
+            done = {
+                str(job.id) for job in await store.list_jobs(run.id) if job.status is JobStatus.DONE
+            }
+            stored = await store.get_run(run.id)
+        assert done == recorded
+        assert stored is not None
+        assert stored.done_count == 5
+
+
+async def test_an_insert_the_wal_vanished_under_is_kept_through_a_close(
+    template_db: Path, tmp_path: Path, spawn: Callable[..., Worker]
+) -> None:
+    """A -wal deleted inside an insert's transaction (after its checks, before its commit): the
+    insert is acknowledged, into the log SQLite still holds, and kept when the store closes."""
+    db = fresh(template_db, tmp_path, "lose-wal-during")
+    run = make_run(job_count=10)
+    async with Store.connect(db) as store:
+        await store.insert_run(run)
+        await store.insert_jobs(make_jobs(run))
+    worker = spawn("lose-wal", db, run.id, 5, "during")
+    (_, late) = worker.expect("inserted")
+    worker.go()
+    worker.finish()
+    async with Store.connect(db) as store:
+        assert len(await store.list_jobs(uuid.UUID(late))) == 4
     await assert_sound(db)
 
 

@@ -7,6 +7,7 @@ recorded before, and let the same call succeed once the cause is gone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -414,6 +415,39 @@ async def test_a_lost_wal_beside_another_process_reading_does_not_hold_calls(
         finally:
             reader.close()
         assert await store.get_run(run.id) == run
+
+
+async def test_a_lost_wal_is_never_copied_part_way_into_the_database_file(
+    tmp_path: Path,
+) -> None:
+    """A new store's writes, all in the -wal, another connection's read open from between two
+    of them, then the -wal deleted and a call made: the database file, as a kill would leave
+    it without its log, is still sound (a checkpoint that read stopped part-way left it
+    malformed). Closed, the store keeps both writes."""
+    path = tmp_path / "fresh.db"
+    first, second = make_run(job_count=3), make_run(job_count=3)
+    store = await Store.connect(path)
+    try:
+        await store.insert_run(first, jobs=make_jobs(first))
+        reader = sqlite3.connect(path, isolation_level=None)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM runs").fetchall()
+        await store.insert_run(second, jobs=make_jobs(second))
+        Path(f"{path}-wal").unlink()
+        assert await store.get_run(first.id) == first
+        with pytest.raises(StorageError, match="-wal"):
+            await store.insert_run(make_run())
+        reader.execute("ROLLBACK")
+        reader.close()
+        left = tmp_path / "as-a-kill-leaves-it.db"
+        left.write_bytes(path.read_bytes())
+        with contextlib.closing(sqlite3.connect(left)) as conn:
+            assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    finally:
+        await store.close()
+    async with Store.connect(path) as again:
+        assert {run.id for run in await again.list_runs()} == {first.id, second.id}
+    await assert_sound(path)
 
 
 async def test_a_moved_wal_file_put_back_lets_writes_go_on(db_path: Path) -> None:
