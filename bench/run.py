@@ -150,6 +150,12 @@ def make_jobs(run: Run, n: int) -> list[Job]:
     return [Job(run.id, EvalJob("model-a", f"sample-{i}", 0)) for i in range(n)]
 
 
+def one_job_runs(n: int) -> tuple[list[Run], list[Job]]:
+    """n runs of one job each, and those jobs: one item of claim plus record apiece."""
+    runs = make_runs(n)
+    return runs, [make_jobs(run, 1)[0] for run in runs]
+
+
 async def setup_store(store: Store, runs: list[Run], jobs: list[Job]) -> None:
     """Load rows untimed, in one transaction (the bench's only use of the backend itself)."""
     backend = store._backend
@@ -310,10 +316,12 @@ class Bench:
 
         return Side(list(range(n)), chunk, _done)
 
-    def fsync_sides(self, n: int) -> tuple[Side, Side]:
-        """A 4 KiB write and fsync, as a commit at FULL does: on aiosqlite's thread (one hop,
-        the store's way) and on this thread (raw sqlite3's way). Their difference is what a
-        hop costs around a wait on the disk, beside the no-op hop's cost around nothing."""
+    async def fsync_side(self, n: int, *, hop: bool) -> Side:
+        """A 4 KiB write and fsync, as a commit at FULL does: on aiosqlite's thread (``hop``:
+        one hop, the store's way) or on this thread (raw sqlite3's way). Their difference is
+        what a hop costs around a wait on the disk, beside the no-op hop's cost around nothing.
+        Each side opens the file for itself, when it is built: a side never built (--only)
+        opens nothing."""
         conn = self.noop_conn
         fd = os.open(self.dbs.root / f"fsync-{n}", os.O_RDWR | os.O_CREAT, 0o600)
         block = b"\0" * 4096
@@ -322,7 +330,7 @@ class Bench:
             os.pwrite(fd, block, 0)
             os.fsync(fd)
 
-        async def hop(units: list[Any]) -> None:
+        async def hopping(units: list[Any]) -> None:
             for _ in units:
                 await conn._execute(sync)  # type: ignore[no-untyped-call]
 
@@ -333,7 +341,7 @@ class Bench:
         async def close() -> None:
             os.close(fd)
 
-        return Side(list(range(n)), hop, _done), Side(list(range(n)), direct, close)
+        return Side(list(range(n)), hopping if hop else direct, close)
 
     async def store(self, s: Setting, runs: list[Run], jobs: list[Job]) -> Store:
         store = await self.dbs.store(s)
@@ -365,8 +373,7 @@ class Bench:
         if what == "record_job_outcome":
             (run,) = make_runs(1, job_count=n)
             return [run], make_jobs(run, n)
-        runs = make_runs(n)
-        return runs, [make_jobs(run, 1)[0] for run in runs]
+        return one_job_runs(n)
 
     async def lib_single(self, s: Setting, what: str, n: int) -> Side:
         runs, jobs = self.single_rows(what, n)
@@ -490,8 +497,7 @@ class Bench:
     async def raw_claim_record(self, s: Setting, n: int) -> Side:
         """lib_claim_record's baseline: the same claim and record per item, each its own
         transaction and commit, as the library's are (two fsyncs an item at FULL)."""
-        runs = make_runs(n)
-        jobs = [make_jobs(run, 1)[0] for run in runs]
+        runs, jobs = one_job_runs(n)
         conn = self.raw(s, runs, jobs)
         job_of = {ID_TEXT(job.run_id): job.id for job in jobs}
 
@@ -504,8 +510,7 @@ class Bench:
 
     async def lib_claim_record(self, s: Setting, n: int, tasks: int) -> Side:
         """Peer workload: per item, claim a run and record its one job's outcome."""
-        runs = make_runs(n)
-        jobs = [make_jobs(run, 1)[0] for run in runs]
+        runs, jobs = one_job_runs(n)
         store = await self.store(s, runs, jobs)
         job_of = {job.run_id: job.id for job in jobs}
 
@@ -875,8 +880,6 @@ SETTINGS = [
 # (0.59-1.29x in memory across runs of one commit; three per round halve that spread).
 INSERT_CALLS = 3
 
-FSYNC_HOP = "fsync 4 KiB, hop to thread"
-
 SINGLE_CALLS = ("insert_run", "get_run", "get_job", "claim_next_run", "record_job_outcome")
 
 
@@ -1000,17 +1003,15 @@ async def _run_rounds(
                         bench.raw_claim_record(s, n),
                         128 if tasks > 1 else 25,
                     )
-                if not args.only or args.only in FSYNC_HOP:  # its file is opened here
-                    hop, direct = bench.fsync_sides(n)
-                    await pair(
-                        s.name,
-                        FSYNC_HOP,
-                        "fsync on this thread",
-                        None,
-                        _ready(hop),
-                        _ready(direct),
-                        50,
-                    )
+                await pair(
+                    s.name,
+                    "fsync 4 KiB, hop to thread",
+                    "fsync on this thread",
+                    None,
+                    bench.fsync_side(n, hop=True),
+                    bench.fsync_side(n, hop=False),
+                    50,
+                )
                 await pair(
                     s.name,
                     BATCHED_CLAIM_RECORD,
