@@ -502,7 +502,7 @@ def parse_url(url: str | os.PathLike[str]) -> str:
                     "credentials (sqlite://relative/path.db, sqlite:///absolute/path.db), or, "
                     "for a directory really named so, pass the path itself, starting with ./"
                 )
-            path = _percent_decoded(url, rest[2:] if rest.startswith("//") else rest)
+            path = _percent_decoded(url, _typed_path(rest))
             if path == MEMORY:
                 raise _memory_as_a_file(redact(url))
             if path in ("", "memory"):
@@ -556,11 +556,19 @@ def database_name(url: str | os.PathLike[str], path: str) -> str:
     """How messages name the file ``path`` that parse_url read ``url`` as: the path, and, where
     the URL's %XX escapes were decoded, that URL too (the user typed the URL, and may not
     know it names another spelling)."""
-    if isinstance(url, str) and url_scheme(url) == "sqlite":
-        rest = url[len("sqlite:") :]
-        if path not in (rest, rest[2:] if rest.startswith("//") else rest):
-            return f"{path!r} (the URL {redact(url)!r})"
-    return repr(path)
+    if (
+        not isinstance(url, str)
+        or url_scheme(url) != "sqlite"
+        or path == _typed_path(url[len("sqlite:") :])
+    ):
+        return repr(path)
+    return f"{path!r} (the URL {redact(url)!r})"
+
+
+def _typed_path(rest: str) -> str:
+    """The path a sqlite URL spells after "sqlite:", as typed (escapes not decoded):
+    sqlite://relative/x.db and sqlite:relative/x.db both spell relative/x.db."""
+    return rest[2:] if rest.startswith("//") else rest
 
 
 def _not_a_url(url: object) -> ConfigurationError:
@@ -1637,7 +1645,7 @@ def op_insert_run_with_jobs(
     inserted = counts.get(run_id, 0)
     if inserted != run.job_count:
         raise ConstraintError(
-            f"run {params[0]} has job_count {run.job_count}, but insert_run was given {inserted} "
+            f"run {run_id} has job_count {run.job_count}, but insert_run was given {inserted} "
             f"job{'' if inserted == 1 else 's'} for it; nothing was inserted: pass all "
             f"{run.job_count} of its jobs, or insert the run alone and its jobs with "
             "insert_jobs, in as many calls as you like (a claim may then hand it out before "
@@ -3497,11 +3505,7 @@ class _Worker:
         """
         if self.path is None:
             return
-        try:
-            now = _file_identity(self.path)
-        except OSError:
-            now = None
-        if now != self.identity:
+        if _identity_if_there(self.path) != self.identity:
             error = StorageError(
                 f"{self.database} was deleted, moved or replaced while this store had it "
                 "open; nothing of this call was written: put the file back (or restore it from "
