@@ -75,6 +75,14 @@ def oldest(session: nox.Session) -> None:
 
 
 @nox.session
+def uvloop(session: nox.Session) -> None:
+    """The test suite on uvloop, the event loop many asyncio services run, in place of
+    asyncio's own: in the test process and in every worker process the tests start."""
+    session.install("-e", ".", *TEST_DEPS, "uvloop")  # only here: no dependency of the library
+    session.run("pytest", *session.posargs, env={"CONTROL_STORE_LOOP": "uvloop"})
+
+
+@nox.session
 def stress(session: nox.Session) -> None:
     """The multi-process, crash, cancellation and property tests at larger sizes."""
     session.install("-e", ".", *TEST_DEPS)

@@ -24,6 +24,8 @@ from typing import Final
 
 from control_store import ControlError, EvalJob, Job, JobOutcome, Run, Store, _migrate
 
+from _loops import use_requested_loop
+
 # The versions the library ships, and the test-only heavy migration just after them.
 SHIPPED: Final = [m.version for m in _migrate.load_migrations("sqlite")]
 HEAVY_MIGRATION: Final = SHIPPED[-1] + 1
@@ -369,7 +371,13 @@ async def group_past_file_size_limit(db: str, limit: str, count: str) -> None:
         say("late", late.id)
 
 
+async def event_loop() -> None:
+    """Print the module of the event loop this worker runs on (see _loops)."""
+    print(type(asyncio.get_running_loop()).__module__, flush=True)
+
+
 _MODES: Final[dict[str, Callable[..., Awaitable[None] | None]]] = {
+    "event-loop": event_loop,
     "claim": claim,
     "redeliver": redeliver,
     "record-acked": record_acked,
@@ -389,6 +397,7 @@ _MODES: Final[dict[str, Callable[..., Awaitable[None] | None]]] = {
 
 def main(argv: list[str]) -> None:
     """Run the mode named by ``argv[0]`` with the rest as its arguments."""
+    use_requested_loop()
     mode = _MODES[argv[0]]
     result = mode(*argv[1:])
     if asyncio.iscoroutine(result):

@@ -21,6 +21,10 @@ import pytest
 
 from control_store import EvalJob, Job, Run, Store, _migrate, _sqlite
 
+from _loops import use_requested_loop
+
+use_requested_loop()
+
 BACKENDS = ["memory", "file"]
 
 # `nox -s stress` sets this: the same tests, at sizes too slow for every run.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import subprocess
 import sys
 import threading
 import warnings
@@ -20,8 +21,11 @@ import pytest
 
 from control_store import Job, Run, Store, WrongEventLoopError
 
+from _loops import LOOP
 from conftest import (
     CALL_TIMEOUT,
+    HANG_GUARD_SECONDS,
+    WORKERS,
     held_by_no_connection,
     held_store,
     make_jobs,
@@ -29,6 +33,26 @@ from conftest import (
     one_call_of_each_kind,
     raw_db,
 )
+
+_ASKED_FOR = "uvloop" if LOOP == "uvloop" else "asyncio"
+
+
+async def test_the_tests_run_on_the_event_loop_asked_for() -> None:
+    """`nox -s uvloop` runs the suite on uvloop (CONTROL_STORE_LOOP=uvloop): this fails if the
+    request were lost and the suite ran on asyncio's own loop without a word."""
+    assert type(asyncio.get_running_loop()).__module__.split(".")[0] == _ASKED_FOR
+
+
+def test_worker_processes_run_on_the_event_loop_asked_for() -> None:
+    """So do the worker processes the multi-process, crash and fault tests start."""
+    worker = subprocess.run(
+        [sys.executable, str(WORKERS), "event-loop"],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_SECONDS,
+        check=True,
+    )
+    assert worker.stdout.strip().split(".")[0] == _ASKED_FOR
 
 
 def _calls(store: Store, run: Run) -> dict[str, Callable[[], Awaitable[object]]]:
