@@ -129,29 +129,25 @@ def _parse_timestamp(text: str) -> datetime:
     return _convert(text, datetime)  # as _runs_of_columns converts a whole column
 
 
-# (index, character) that every stored timestamp has; see _parse_timestamp.
-_TIMESTAMP_MARKS: Final = (
-    (10, "T"),
-    (19, "."),
-    (26, "Z"),
-    (4, "-"),
-    (7, "-"),
-    (13, ":"),
-    (16, ":"),
-)
+# The form of every stored timestamp with each digit written as 0, and the table that writes
+# ASCII digits so (see _timestamps_in_form).
+_TIMESTAMP_FORM: Final = b"0000-00-00T00:00:00.000000Z,"
+_DIGITS_AS_ZERO: Final = bytes.maketrans(b"123456789", b"000000000")
 
 
 def _timestamps_in_form(texts: Sequence[str]) -> bool:
-    """_parse_timestamp's positional checks over a column of str, a few C calls in all."""
-    if set(map(len, texts)) != {_TIMESTAMP_LENGTH}:
-        return False
-    joined = "".join(texts)
-    n = len(texts)
-    step = _TIMESTAMP_LENGTH
-    # Every text has the same length, so joined[i::step] is character i of each, in order.
-    if any(joined[i::step] != mark * n for i, mark in _TIMESTAMP_MARKS):
-        return False
-    return all(joined[i::step].isdigit() for i in range(4))  # text[:4].isdigit(), per text
+    """_parse_timestamp's positional checks over a column of str, in a few C calls: joined by
+    commas, encoded, and each ASCII digit written as 0, the column must read as the form once
+    for each text (a non-str is a TypeError of join). ~1.9 us for 64 texts, where a slice of
+    the joined texts per checked position took ~5.3 us.
+
+    Stricter than the positional checks, never laxer: every digit of the form must be an ASCII
+    digit, not only the year's (msgspec refuses any other there anyway). The form holds no
+    comma, so each comma that joins two texts falls where the form's does: no text is longer
+    or shorter than the form (one holding a comma, two forms, leaves the column a form short).
+    """
+    expected = _TIMESTAMP_FORM * len(texts)
+    return ",".join(texts).encode().translate(_DIGITS_AS_ZERO) == expected[:-1]
 
 
 def _check_int(
