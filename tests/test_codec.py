@@ -216,8 +216,20 @@ _DONE_JOB = (
 )
 
 
+class _Int(int):
+    """An int subclass, which sqlite3 never returns: msgspec takes one for an int."""
+
+
+class _Str(str):
+    """A str subclass, which sqlite3 never returns: msgspec takes one for a str."""
+
+
+_TIMESTAMP = _GOOD_RUN[6]
+
+
 def _near_misses() -> list[object]:
-    """Values a hand edit could leave in a cell, close to what each column holds."""
+    """Values a hand edit could leave in a cell, close to what each column holds, and values
+    of other types that msgspec would take for what the column holds."""
     return [
         "",
         " ",
@@ -255,6 +267,27 @@ def _near_misses() -> list[object]:
         None,
         "abc",
         b"abc",
+        # Other RFC 3339 forms that msgspec reads (or nearly does), beside the stored one.
+        _TIMESTAMP.lower(),
+        _TIMESTAMP.replace("Z", "+00:00"),
+        _TIMESTAMP.replace(".000000", ""),
+        _TIMESTAMP.replace(".000000", ".00000"),
+        _TIMESTAMP.replace(".000000", ".0000000"),
+        "2026-01-01T23:59:60.000000Z",
+        "2026-01-0\u0661T00:00:00.000000Z",
+        f"{_TIMESTAMP},{_TIMESTAMP}",
+        _TIMESTAMP.encode(),
+        datetime(2026, 1, 1, tzinfo=UTC),
+        # Values msgspec takes for a UUID but no row may hold.
+        uuid.UUID(_GOOD_RUN[0]),
+        uuid.UUID(_GOOD_RUN[0]).bytes,
+        _GOOD_RUN[0].encode(),
+        # Values msgspec takes for an int, or refuses as a strict conversion does.
+        True,
+        False,
+        0.0,
+        2**64,
+        -(2**64),
     ]
 
 
@@ -352,6 +385,52 @@ def test_every_near_miss_in_every_column_decodes_as_row_by_row(
             damaged = (*good[:index], value, *good[index + 1 :])
             rows = [good] * 4 + [damaged] + [good] * (_codec._BATCH - 5)  # a batch, not row by row
             assert _batch(batch, rows) == _each(one, rows), (index, value)
+
+
+@pytest.mark.parametrize(
+    ("good", "batch", "one", "offset"),
+    [(_GOOD_RUN, _codec.decode_runs, _codec.decode_run, 0), (*_BATCH_DECODERS[1][1:], 1)],
+    ids=["runs", "claimed"],
+)
+def test_subclass_values_decode_as_row_by_row(
+    good: tuple[object, ...], batch: Any, one: Any, offset: int
+) -> None:
+    """An int or str subclass, which msgspec takes as its value, in any run column but models
+    (whose decoder takes no str subclass, in a batch or not): the batch decodes as row by row,
+    and to the very values _checked_run reads."""
+    values = [_Int(0), _Int(1), _Int(7), _Str(_GOOD_RUN[0]), _Str(_TIMESTAMP), _Str("m")]
+    for index in range(len(good)):
+        if index == 2 + offset:  # models
+            continue
+        for value in values:
+            damaged = (*good[:index], value, *good[index + 1 :])
+            rows = [good] * 4 + [damaged] + [good] * (_codec._BATCH - 5)
+            assert _batch(batch, rows) == _each(one, rows), (index, value)
+
+
+def _split(text: str) -> list[tuple[str, str]]:
+    """Pairs of texts that, put together (or around a comma), spell ``text`` twice: cells that
+    only a check of each text's own length can tell from two sound ones."""
+    twice = text + text
+    pairs = [(twice[:k], twice[k:]) for k in range(1, len(twice))]
+    return [*pairs, (f"{text},{text}", ""), (f"{text},", text), (text[:-1], f"{text[-1]},{text}")]
+
+
+@pytest.mark.parametrize(
+    ("good", "batch", "one", "index"),
+    [(_GOOD_RUN, _codec.decode_runs, _codec.decode_run, 6), (*_BATCH_DECODERS[1][1:], 6)],
+    ids=["runs", "claimed"],
+)
+def test_timestamps_split_across_rows_decode_as_row_by_row(
+    good: tuple[object, ...], batch: Any, one: Any, index: int
+) -> None:
+    """Two created_at texts that together hold two sound ones, side by side in a batch, decode
+    as row by row: refused, for the texts are not each the stored form."""
+    for first, second in _split(_TIMESTAMP):
+        rows = [good] * _codec._BATCH
+        rows[3] = (*good[:index], first, *good[index + 1 :])
+        rows[4] = (*good[:index], second, *good[index + 1 :])
+        assert _batch(batch, rows) == _each(one, rows), (first, second)
 
 
 _SPELLINGS: list[Callable[[str], str]] = [
