@@ -370,6 +370,18 @@ _BATCH_DECODERS = [
     ),
     ("jobs", _GOOD_JOB, _codec.decode_jobs, _codec.decode_job),
     ("done jobs", _DONE_JOB, _codec.decode_jobs, _codec.decode_job),
+    (
+        "keyed jobs",
+        (7, *_GOOD_JOB),
+        _codec.decode_keyed_jobs,
+        lambda row: _codec.decode_job(row[1:]),
+    ),
+    (
+        "keyed done jobs",
+        (7, *_DONE_JOB),
+        _codec.decode_keyed_jobs,
+        lambda row: _codec.decode_job(row[1:]),
+    ),
 ]
 
 
@@ -411,6 +423,38 @@ def test_subclass_values_decode_as_row_by_row(
             assert _batch(batch, rows) == _each(one, rows), (index, value)
 
 
+def _outcome(decode: Any, rows: list[Any]) -> object:
+    """What ``decode(rows)`` returns, or the type and message of any error it raises."""
+    try:
+        return decode(rows)
+    except Exception as exc:
+        return (type(exc), str(exc))
+
+
+@pytest.mark.parametrize("good", [_GOOD_JOB, _DONE_JOB], ids=["jobs", "done jobs"])
+def test_subclass_values_in_job_columns_decode_as_row_by_row(good: tuple[object, ...]) -> None:
+    """An int or str subclass, which msgspec takes as its value, in any job column, between
+    sound rows and in every row: the batch decodes as row by row, or fails as it does (a str
+    subclass is a TypeError of msgspec's JSON decoders, which the per-row path lets through)."""
+    values = [
+        _Int(0),
+        _Int(1),
+        _Int(7),
+        *(_Str(cell) for cell in _DONE_JOB if isinstance(cell, str)),
+        _Str(_GOOD_JOB[3]),
+    ]
+
+    def each(rows: list[Any]) -> list[Job]:
+        return [_codec.decode_job(row) for row in rows]
+
+    for index in range(len(good)):
+        for value in values:
+            damaged = (*good[:index], value, *good[index + 1 :])
+            between = [good] * 4 + [damaged] + [good] * (_codec._BATCH - 5)
+            for rows in (between, [damaged] * _codec._BATCH):
+                assert _outcome(_codec.decode_jobs, rows) == _outcome(each, rows), (index, value)
+
+
 def _split(text: str) -> list[tuple[str, str]]:
     """Pairs of texts that, put together (or around a comma), spell ``text`` twice: cells that
     only a check of each text's own length can tell from two sound ones."""
@@ -434,6 +478,18 @@ def test_timestamps_split_across_rows_decode_as_row_by_row(
         rows[3] = (*good[:index], first, *good[index + 1 :])
         rows[4] = (*good[:index], second, *good[index + 1 :])
         assert _batch(batch, rows) == _each(one, rows), (first, second)
+
+
+@pytest.mark.parametrize("good", [_GOOD_JOB, _DONE_JOB], ids=["jobs", "done jobs"])
+def test_run_ids_split_across_rows_decode_as_row_by_row(good: tuple[object, ...]) -> None:
+    """Two run_id texts that together hold two copies of the one run id every other row holds,
+    side by side in a batch, decode as row by row: refused, though the column joined without a
+    separator would read as that id once per row."""
+    for first, second in _split(_GOOD_JOB[1]):
+        rows = [good] * _codec._BATCH
+        rows[3] = (good[0], first, *good[2:])
+        rows[4] = (good[0], second, *good[2:])
+        assert _batch(_codec.decode_jobs, rows) == _each(_codec.decode_job, rows), (first, second)
 
 
 def test_runs_decoded_from_one_models_text_each_have_their_own_list() -> None:
