@@ -64,13 +64,7 @@ class JobStatus(enum.StrEnum):
     DONE = "done"
 
 
-# gc=False: a job, its spec and its outcome hold only text, numbers, enums, UUIDs and each
-# other, and are frozen, so none can be part of a reference cycle, and the garbage collector
-# need not track them. A run's jobs are many (list_jobs of 100k jobs, half done: ~490 ms
-# tracked, ~365 ms untracked, measured), and a process holding them pays every full
-# collection for each tracked one. A subclass that adds a field holding a container passes
-# gc=True. Run keeps tracking: its models are a list.
-class EvalJob(msgspec.Struct, frozen=True, gc=False):
+class EvalJob(msgspec.Struct, frozen=True):
     """What one job evaluates: a model on one sample in one epoch (the JSON ``spec`` column)."""
 
     model: str
@@ -78,7 +72,7 @@ class EvalJob(msgspec.Struct, frozen=True, gc=False):
     epoch: int
 
 
-class JobOutcome(msgspec.Struct, frozen=True, gc=False):
+class JobOutcome(msgspec.Struct, frozen=True):
     """A worker's report on one job (the JSON ``outcome`` column, NULL until the job is done)."""
 
     job_id: uuid.UUID
@@ -105,7 +99,7 @@ class Run(_RunFields, frozen=True, kw_only=True):
     done_count: int = 0
 
 
-class _JobFields(msgspec.Struct, frozen=True, gc=False):
+class _JobFields(msgspec.Struct, frozen=True):
     run_id: uuid.UUID
     spec: EvalJob
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import sqlite3
 import uuid
 from collections.abc import AsyncGenerator, Iterator
@@ -186,26 +185,6 @@ async def test_list_jobs_returns_a_runs_jobs_in_insertion_order(store: Store) ->
     await store.insert_jobs(jobs[2:])
     assert await store.list_jobs(run.id) == jobs
     assert await store.list_jobs(uuid.uuid4()) == []
-
-
-async def test_jobs_read_back_cost_the_garbage_collector_nothing(store: Store) -> None:
-    """Jobs, their specs and their outcomes, read back in a batch, one at a time or made by a
-    caller, are not tracked by the garbage collector (they hold no container, so they cannot
-    be part of a reference cycle): a process holding a big run's jobs pays no collection for
-    them. Runs are tracked: their models are a list."""
-    run = make_run(job_count=12)
-    jobs = make_jobs(run)
-    await store.insert_run(run, jobs=jobs)
-    await store.record_job_outcome(run.id, JobOutcome(jobs[0].id, score=1.0))
-    read = [*await store.list_jobs(run.id), await store.get_job(jobs[0].id)]
-    assert read[0] is not None
-    assert read[0].outcome is not None
-    for job in [*read, *jobs]:
-        assert job is not None
-        assert not gc.is_tracked(job)
-        assert not gc.is_tracked(job.spec)
-        assert job.outcome is None or not gc.is_tracked(job.outcome)
-    assert gc.is_tracked(await store.get_run(run.id))
 
 
 async def test_insert_jobs_accepts_a_generator(store: Store) -> None:
