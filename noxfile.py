@@ -74,10 +74,12 @@ def oldest(session: nox.Session) -> None:
     session.run("pytest", *(session.posargs or quick))
 
 
-@nox.session
+@nox.session(python=PYTHONS[0])
 def uvloop(session: nox.Session) -> None:
     """The test suite on uvloop, the event loop many asyncio services run, in place of
-    asyncio's own: in the test process and in every worker process the tests start."""
+    asyncio's own: in the test process and in the worker processes of the multi-process,
+    crash and fault tests (tests/_workers.py). On the oldest Python only: the loop, not the
+    Python, is what this session tests, and the policy it sets is deprecated from 3.14 on."""
     session.install("-e", ".", *TEST_DEPS, "uvloop")  # only here: no dependency of the library
     session.run("pytest", *session.posargs, env={"CONTROL_STORE_LOOP": "uvloop"})
 

@@ -1,6 +1,6 @@
 """The event loop the tests run on: asyncio's own, or uvloop with CONTROL_STORE_LOOP=uvloop
-(`nox -s uvloop`), in the test process and in every worker process it starts (they inherit
-the variable)."""
+(`nox -s uvloop`), in the test process and in the worker processes of tests/_workers.py
+(they inherit the variable). The CLI's processes run on asyncio's loop, as a user's do."""
 
 from __future__ import annotations
 
