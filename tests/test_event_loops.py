@@ -34,13 +34,11 @@ from conftest import (
     raw_db,
 )
 
-_ASKED_FOR = "uvloop" if LOOP == "uvloop" else "asyncio"
-
 
 async def test_the_tests_run_on_the_event_loop_asked_for() -> None:
     """`nox -s uvloop` runs the suite on uvloop (CONTROL_STORE_LOOP=uvloop): this fails if the
     request were lost and the suite ran on asyncio's own loop without a word."""
-    assert type(asyncio.get_running_loop()).__module__.split(".")[0] == _ASKED_FOR
+    assert type(asyncio.get_running_loop()).__module__.split(".")[0] == LOOP
 
 
 def test_worker_processes_run_on_the_event_loop_asked_for() -> None:
@@ -52,7 +50,7 @@ def test_worker_processes_run_on_the_event_loop_asked_for() -> None:
         timeout=HANG_GUARD_SECONDS,
         check=True,
     )
-    assert worker.stdout.strip().split(".")[0] == _ASKED_FOR
+    assert worker.stdout.strip().split(".")[0] == LOOP
 
 
 def _calls(store: Store, run: Run) -> dict[str, Callable[[], Awaitable[object]]]:
