@@ -1043,7 +1043,28 @@ def machine() -> dict[str, Any]:
         "sqlite": sqlite3.sqlite_version,
         "aiosqlite": aiosqlite.__version__,
         "os": platform.platform(),
+        "cpu_idle": cpu_idle(),
     }
+
+
+# Linux's idle driver, and the haltpoll driver's polling window: a VM's idle vCPU that halts at
+# once (0 ns) costs the host tens of microseconds to wake, and every hop wakes one or two.
+_CPUIDLE_DRIVER = Path("/sys/devices/system/cpu/cpuidle/current_driver")
+_HALT_POLL_NS = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+
+
+def cpu_idle() -> str:
+    """How an idle CPU waits here, as Linux reports it; "unknown" where it does not."""
+    try:
+        driver = _CPUIDLE_DRIVER.read_text().strip()
+    except OSError:
+        return "unknown"
+    if driver != "haltpoll":
+        return driver
+    try:
+        return f"haltpoll, guest_halt_poll_ns={_HALT_POLL_NS.read_text().strip()}"
+    except OSError:
+        return driver
 
 
 def main() -> None:
@@ -1192,7 +1213,8 @@ def report(
     wide = max(len(r.baseline) for r in rows)  # the baseline column
     lines = [
         f"machine: {host['cpu']}, {host['cores']} cores; Python {host['python']}, "
-        f"SQLite {host['sqlite']}, aiosqlite {host['aiosqlite']}; {host['os']}",
+        f"SQLite {host['sqlite']}, aiosqlite {host['aiosqlite']}; {host['os']}; "
+        f"cpu idle: {host['cpu_idle']}",
         f"medians of {len(rows[0].lib)} interleaved rounds; ratio = median of per-round "
         f"library/baseline; run took {seconds:.0f} s",
         "",

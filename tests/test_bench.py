@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 BENCH = Path(__file__).parent.parent / "bench" / "run.py"
 RUN_WAIT = 600.0  # seconds; only a bound on a hang, never an expectation of speed
@@ -66,6 +70,10 @@ def test_the_benchmark_runs_every_workload_and_writes_its_json(tmp_path: Path) -
     assert set(result["claim_record_per_s"]) == {"1", "64"}
     assert result["claim_record_runs_per_s"] > 0
     assert "| claim_runs(64)" in done.stdout  # the table printed for the README
+    # How this machine's idle CPUs wait, which sets a hop's price: in the JSON and the table.
+    idle = result["machine"]["cpu_idle"]
+    assert idle
+    assert f"cpu idle: {idle}" in done.stdout
 
 
 def test_an_only_that_matches_no_workload_says_so(tmp_path: Path) -> None:
@@ -81,3 +89,32 @@ def test_an_only_that_matches_no_workload_says_so(tmp_path: Path) -> None:
     assert "--only 'claims_runs' matches no workload" in done.stderr
     assert "Traceback" not in done.stderr
     assert not out.exists()
+
+
+def _bench_module(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """bench/run.py imported, for the duration of one test (its dataclasses look their module
+    up in sys.modules while they are made)."""
+    spec = importlib.util.spec_from_file_location("control_store_bench", BENCH)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_machine_line_says_how_idle_cpus_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The idle driver, with haltpoll's polling window (a hop's price on a VM), or "unknown"."""
+    bench = _bench_module(monkeypatch)
+    driver, window = tmp_path / "current_driver", tmp_path / "guest_halt_poll_ns"
+    monkeypatch.setattr(bench, "_CPUIDLE_DRIVER", driver)
+    monkeypatch.setattr(bench, "_HALT_POLL_NS", window)
+    assert bench.cpu_idle() == "unknown"
+    driver.write_text("intel_idle\n")
+    assert bench.cpu_idle() == "intel_idle"
+    driver.write_text("haltpoll\n")
+    assert bench.cpu_idle() == "haltpoll"  # its module's parameters not to be read
+    window.write_text("200000\n")
+    assert bench.cpu_idle() == "haltpoll, guest_halt_poll_ns=200000"
