@@ -43,6 +43,8 @@ from .errors import ControlError, DatabaseBusyError, NotFoundError, PendingMigra
 from .models import JobOutcome, JobStatus, Run, RunStatus
 
 if TYPE_CHECKING:  # the demo's module is imported only when the demo runs
+    from _typeshed import SupportsWrite
+
     from ._demo import Check, DemoConfig, Snapshot
 
 PROG: Final = "control-store"
@@ -1149,10 +1151,22 @@ def _run_id(text: str) -> uuid.UUID:
     return parsed
 
 
-def _common(busy_timeout_default: str) -> argparse.ArgumentParser:
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose help fails as a command's output does: argparse drops an error
+    writing it (a full disk, a closed stdout) and exits 0. Its subcommands' parsers are of the
+    same class (add_subparsers makes them with the parent's)."""
+
+    def print_help(self, file: SupportsWrite[str] | None = None) -> None:
+        if file is not None:
+            super().print_help(file)
+        elif not _emitted(self.format_help()):
+            self.exit(EXIT_FAILURE)
+
+
+def _common(busy_timeout_default: str) -> _Parser:
     """The options every command takes; ``busy_timeout_default``: the default its help states
     (the demo's is longer: see DEMO_BUSY_TIMEOUT)."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     # SUPPRESS: an option given before the command is not overwritten by the command's default.
     common.add_argument(
         "--url",
@@ -1196,13 +1210,13 @@ class _Version(argparse.Action):
             release = "(not installed)"
         python = ".".join(map(str, sys.version_info[:3]))
         # On stdout, as argparse's own version action prints it.
-        sys.stdout.write(f"{PROG} {release} (SQLite {sqlite3.sqlite_version}, Python {python})\n")
-        parser.exit()
+        line = f"{PROG} {release} (SQLite {sqlite3.sqlite_version}, Python {python})\n"
+        parser.exit(EXIT_OK if _emitted(line) else EXIT_FAILURE)
 
 
 def _parser() -> argparse.ArgumentParser:
     common = _common(f"{_DEFAULT_BUSY_TIMEOUT:g}")
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         parents=[_common(f"{_DEFAULT_BUSY_TIMEOUT:g}; demo: {DEMO_BUSY_TIMEOUT:g}")],
         description="Look into a control_store database, migrate it, or run the demo fleet.",
@@ -1434,6 +1448,26 @@ def _complain(line: str) -> None:
     with contextlib.suppress(OSError):
         print(_printable(line), file=sys.stderr)
         sys.stderr.flush()
+
+
+def _emitted(text: str) -> bool:
+    """Write ``text`` to stdout and flush it, outside any command (--version, --help's
+    flush): False once the failure is told, in one line as a command tells it."""
+    if sys.stdout is None:  # started with stdout closed (>&-)
+        _complain(
+            f"{PROG}: error: standard output is closed: run it with its output going "
+            "somewhere (a file, a pipe, /dev/null)"
+        )
+        return False
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as exc:
+        _silence_stdout()
+        if not isinstance(exc, BrokenPipeError):  # a reader gone is no error to tell
+            _complain(f"{PROG}: error: cannot write to standard output ({exc})")
+        return False
+    return True
 
 
 def _silence_stdout() -> None:

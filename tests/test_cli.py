@@ -1258,9 +1258,10 @@ def _into_closed_pipe(*argv: str, cwd: Path | None = None) -> subprocess.Complet
 def test_broken_pipe_exits_quietly(populated: tuple[Path, Run, Run]) -> None:
     """A reader that went away (runs | head) stops the command without a traceback."""
     path, _, _ = populated
-    done = _into_closed_pipe("runs", "--url", str(path))
-    assert done.returncode == 1
-    assert done.stderr == ""
+    for argv in (["runs"], ["--version"], ["--help"]):
+        done = _into_closed_pipe(*argv, "--url", str(path))
+        assert done.returncode == 1
+        assert done.stderr == ""
 
 
 def test_json_cut_short_by_its_reader_is_no_success(tmp_path: Path) -> None:
@@ -1309,13 +1310,17 @@ def test_closed_stdout_fails_in_one_line(populated: tuple[Path, Run, Run]) -> No
     assert code == 1
     (line,) = err.splitlines()
     assert line.startswith("control-store: error: standard output is closed")
+    code, _, err = _shell('exec "$@" >&-', "--version")  # printed while parsing, not a command
+    assert code == 1
+    (line,) = err.splitlines()
+    assert line.startswith("control-store: error: standard output is closed")
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_a_full_disk_under_stdout_fails_in_one_line(populated: tuple[Path, Run, Run]) -> None:
     """Output to a full disk (/dev/full) is told in one line naming the error, exit 1."""
     path, _, _ = populated
-    for argv in (["runs"], ["migrate", "--status", "--json"]):
+    for argv in (["runs"], ["migrate", "--status", "--json"], ["--version"], ["demo", "--help"]):
         code, _, err = _shell('exec "$@" > /dev/full', *argv, "--url", str(path))
         assert code == 1
         (line,) = err.splitlines()
