@@ -23,6 +23,7 @@ import operator
 import os
 import re
 import sqlite3
+import stat
 import threading
 import time
 import urllib.parse
@@ -622,6 +623,26 @@ def _check_place(path: str, name: str) -> None:
         )
     if Path(path).is_dir():
         raise ConfigurationError(f"cannot open {name}: it is a directory; name a file in it")
+    try:
+        mode = os.stat(path).st_mode  # through a symlink, as SQLite opens it
+    except FileNotFoundError:  # none yet (or a dangling symlink): SQLite creates it
+        return
+    if not stat.S_ISREG(mode):
+        # SQLite would open it all the same: a FIFO blocks the open until a writer comes, and
+        # /dev/null takes every write and keeps none.
+        kind = _FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise ConfigurationError(
+            f"cannot open {name}: it is {kind}, and a database must be a regular file; name "
+            "a regular file, or a path where none exists yet for the store to create"
+        )
+
+
+_FILE_KINDS: Final = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
 
 
 # ---------------------------------------------------------------------------------------------

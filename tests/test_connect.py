@@ -397,6 +397,26 @@ async def test_a_directory_is_not_a_database(tmp_path: Path) -> None:
         await Store.connect(tmp_path)
 
 
+async def test_a_fifo_or_a_device_is_not_a_database(tmp_path: Path) -> None:
+    """A FIFO (whose open would block until a writer came), a device (/dev/null keeps no
+    write) or a symlink to one is refused at connect, naming what it is; nothing is created
+    beside it."""
+    fifo = tmp_path / "control.db"
+    os.mkfifo(fifo)
+    link = tmp_path / "link.db"
+    link.symlink_to(os.devnull)
+    device = "a character device"
+    for path, kind in [(fifo, "a FIFO (named pipe)"), (Path(os.devnull), device), (link, device)]:
+        with pytest.raises(ConfigurationError) as caught:
+            await asyncio.wait_for(Store.connect(path, read_only=path is link), timeout=30)
+        assert str(caught.value) == (
+            f"cannot open {str(path)!r}: it is {kind}, and "
+            "a database must be a regular file; name a regular file, or a path where none "
+            "exists yet for the store to create"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["control.db", "link.db"]
+
+
 async def test_a_file_that_is_not_sqlite_is_refused_and_left_untouched(tmp_path: Path) -> None:
     """A non-database file is a ConfigurationError, and its bytes are unchanged."""
     path = tmp_path / "notes.db"
