@@ -957,7 +957,7 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
                     "config": asdict(config) | {"jobs_per_run": config.jobs_per_run},
                     "runs": [str(run.id) for run in runs],
                     "elapsed_seconds": round(snap.elapsed, 3),
-                    "jobs_per_second": round(config.total_jobs / max(snap.elapsed, 1e-9), 1),
+                    "jobs_per_second": round(_jobs_per_second(snap), 1),
                     "deliveries": snap.deliveries,
                     "recorded": snap.recorded,
                     "duplicates_absorbed": snap.absorbed,
@@ -1043,6 +1043,11 @@ def _describe_demo(out: Terminal, c: DemoConfig) -> None:
     )
 
 
+def _jobs_per_second(snap: Snapshot) -> float:
+    """The fleet's rate: jobs recorded (each once, however often delivered) per second."""
+    return snap.recorded / max(snap.elapsed, 1e-9)
+
+
 def _summarise_demo(
     out: Terminal,
     c: DemoConfig,
@@ -1053,9 +1058,14 @@ def _summarise_demo(
     where: list[str],
 ) -> None:
     """The demo's closing lines; ``where``: the --url to name in the commands it suggests."""
-    rate = c.total_jobs / max(snap.elapsed, 1e-9)
+    # The jobs recorded, not those submitted: a fleet that failed part-way did fewer.
+    done = (
+        f"{c.total_jobs:,}"
+        if snap.recorded == c.total_jobs
+        else f"{snap.recorded:,} of {c.total_jobs:,}"
+    )
     out.print(
-        f"{c.total_jobs:,} jobs in {snap.elapsed:.1f} s: {rate:,.0f} jobs/s, "
+        f"{done} jobs in {snap.elapsed:.1f} s: {_jobs_per_second(snap):,.0f} jobs/s, "
         f"{snap.deliveries:,} deliveries, {snap.absorbed:,} duplicates absorbed "
         f"({snap.redispatched:,} jobs dispatched again after a worker died)"
     )

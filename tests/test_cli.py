@@ -1562,6 +1562,8 @@ def test_demo_exits_1_when_the_fleet_did_nothing(
     path = tmp_path / "idle.db"
     code, out, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
     assert code == 1
+    # The jobs recorded, and their rate: not those submitted, as if they had all been done.
+    assert "\n0 of 60 jobs in 0.1 s: 0 jobs/s, 1 deliveries" in out
     assert (
         "✗ every run claimed by exactly one scheduler: 3 claimed by no scheduler that reported"
         in out
