@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import random
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -33,6 +34,7 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
+from . import _codec, _sqlite
 from ._store import Store
 from .errors import ControlError
 from .models import EvalJob, Job, JobOutcome, JobStatus, Run, RunStatus
@@ -425,9 +427,28 @@ async def _submit_run(store: Store, run: Run, jobs: Iterator[Job], done: Submitt
     done.runs.append(run)
 
 
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker, which spawning a child starts and the counters'
+    lock registers with, with SIGHUP blocked (a blocked signal stays blocked across fork and
+    exec). The tracker ignores SIGINT and SIGTERM itself, but a hang-up sent to the process
+    group (a closed terminal) killed it, and the lock's release then relaunched it with a
+    warning and a traceback after the demo's one line. Blocked here, a SIGHUP that comes
+    meanwhile is delivered once the tracker is up."""
+    from multiprocessing import resource_tracker
+
+    if not hasattr(signal, "pthread_sigmask"):
+        return
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 async def run_fleet(config: DemoConfig, on_progress: Callable[[Snapshot], None]) -> FleetResult:
     """Start the scheduler processes and wait for them, reporting progress about every 0.1 s."""
     context = multiprocessing.get_context("spawn")  # no fork: the parent holds an open store
+    _start_resource_tracker()
     counters: Counters = context.Array("q", COUNTERS)
     processes: list[multiprocessing.process.BaseProcess] = []
     pipes: list[Connection] = []
@@ -477,6 +498,22 @@ async def run_fleet(config: DemoConfig, on_progress: Callable[[Snapshot], None])
     exit_codes = [p.exitcode for p in processes]
     missing = ProcessReport(error="exited without reporting (killed, or crashed)")
     return FleetResult(final, [r or missing for r in reports], exit_codes)
+
+
+async def requeue_stranded(store: Store, runs: Sequence[Run]) -> int:
+    """Queue again those of ``runs`` left 'running', once every scheduler process of the demo
+    is gone (run_fleet ends them all before it returns or raises): nobody works on them now.
+    README's recipe for the runs of a dead scheduler, with its guard, on the demo's own runs
+    only. Returns how many it queued."""
+    ids = [_codec.uuid_text(run.id) for run in runs]
+
+    def requeue(conn: sqlite3.Connection) -> int:
+        return sum(conn.execute(_sqlite.RELEASE_RUN, (run_id,)).rowcount for run_id in ids)
+
+    backend = store._backend  # the demo is part of the package: the backend is its own
+    if backend is None or not ids:
+        return 0
+    return await backend.write(requeue)
 
 
 def _receive(pipe: Connection, current: ProcessReport | None) -> ProcessReport | None:

@@ -943,7 +943,13 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
         runs = await _demo.submit(store, config, args.demo_submitted)
         progress = _Progress(out, config.total_jobs, config.runs, enabled=human)
         args.demo_stage = "running"
-        result = await _demo.run_fleet(config, progress.update)
+        try:
+            result = await _demo.run_fleet(config, progress.update)
+        except BaseException:
+            # Stopped (a signal, output gone, an error): run_fleet has ended every scheduler
+            # process, and the runs they held would stay 'running' for good.
+            args.demo_requeued = await _requeue_stranded(args, store, runs)
+            raise
         args.demo_stage = "finished"
         progress.finish()
         checks = await _demo.verify(store, config, runs, result)
@@ -1041,6 +1047,22 @@ def _describe_demo(out: Terminal, c: DemoConfig) -> None:
         f"{c.duplicate_rate:.0%} of outcomes delivered twice, {c.death_rate:.0%} of dispatches "
         f"end with the worker dying before it acknowledges (seed {c.seed})"
     )
+
+
+async def _requeue_stranded(
+    args: argparse.Namespace, store: Store, runs: list[Run]
+) -> int | ControlError:
+    """Queue the runs a stopped demo's schedulers held again: how many, or why it failed (told
+    by _demo_leftovers, not raised: the stop's own error goes on). Not interrupted by the stop:
+    the store leaves the stop's list first."""
+    from . import _demo
+
+    with contextlib.suppress(ValueError):
+        args.open_stores.remove(store)
+    try:
+        return await _demo.requeue_stranded(store, runs)
+    except ControlError as exc:
+        return exc
 
 
 def _jobs_per_second(snap: Snapshot) -> float:
@@ -1520,9 +1542,25 @@ def _demo_leftovers(args: argparse.Namespace) -> str:
         return f"it had submitted no runs to {_shown(args)}"
     if stage == "finished":
         return f"its runs had all finished in {_shown(args)}"
-    # Whether any run is still queued depends on how far the schedulers got: the next demo
-    # refuses the file only then.
-    return f"its unfinished runs stay in {_shown(args)}, and {refused}"
+    # The runs its stopped schedulers held were queued again (see _requeue_stranded), so a
+    # run not done is queued: the next demo refuses the file while one is.
+    requeued: int | ControlError = getattr(args, "demo_requeued", 0)
+    if isinstance(requeued, ControlError):
+        find = _command("runs", "--status", "running", "--all", *_given_url(args))
+        return (
+            f"its unfinished runs stay in {_shown(args)}, and those its schedulers held stay "
+            f"'running': queueing them again failed ({_LINE_BREAKS.sub(' ', str(requeued))}); "
+            "queue them again with the UPDATE of README's recipe for runs a killed scheduler "
+            f"left (find them with {find}); {refused}"
+        )
+    held = (
+        ""
+        if not requeued
+        else " (the run its schedulers held was queued again)"
+        if requeued == 1
+        else f" (the {requeued:,} runs its schedulers held were queued again)"
+    )
+    return f"its unfinished runs stay in {_shown(args)}{held}, and {refused}"
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -33,7 +33,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from control_store import ControlError, EvalJob, Job, JobOutcome, Run, RunStatus, Store, cli
+from control_store import (
+    ControlError,
+    DatabaseBusyError,
+    EvalJob,
+    Job,
+    JobOutcome,
+    Run,
+    RunStatus,
+    Store,
+    cli,
+)
 from control_store import _demo as demo
 from control_store._sqlite import parse_url
 
@@ -1682,6 +1692,8 @@ def test_interrupted_demo_exits_130_with_what_to_do(
     """Ctrl-C during the demo: exit 130, one line saying where its unfinished runs stay."""
 
     async def interrupted(config: demo.DemoConfig, on_progress: object) -> demo.FleetResult:
+        async with Store.connect(config.url) as scheduler:  # a scheduler that claims, then dies
+            assert await scheduler.claim_next_run() is not None
         raise KeyboardInterrupt
 
     monkeypatch.setattr(demo, "run_fleet", interrupted)
@@ -1690,8 +1702,44 @@ def test_interrupted_demo_exits_130_with_what_to_do(
     assert code == 130
     (line,) = err.splitlines()
     assert line.startswith("control-store: interrupted after ")
-    assert f"unfinished runs stay in {path}" in line
+    assert f"unfinished runs stay in {path} (the run its schedulers held was queued again)" in line
     assert "another --url" in line
+    assert _run_statuses(path) == {"queued": 3}  # none left 'running' with nobody on it
+
+
+def _run_statuses(path: Path) -> dict[str, int]:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall()
+    return dict(rows)
+
+
+def test_a_demo_that_cannot_requeue_its_runs_says_what_to_do(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped, the demo queues its held runs again; if that fails, its one line says so and
+    how to find them, and the stop is still the error told."""
+
+    async def interrupted(config: demo.DemoConfig, on_progress: object) -> demo.FleetResult:
+        async with Store.connect(config.url) as scheduler:
+            assert await scheduler.claim_next_run() is not None
+        raise KeyboardInterrupt
+
+    async def refused(store: Store, runs: object) -> int:
+        raise DatabaseBusyError("the file is locked")
+
+    monkeypatch.setattr(demo, "run_fleet", interrupted)
+    monkeypatch.setattr(demo, "requeue_stranded", refused)
+    path = tmp_path / "demo.db"
+    code, _, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
+    assert code == 130
+    (line,) = err.splitlines()
+    assert (
+        f"its unfinished runs stay in {path}, and those its schedulers held stay 'running': "
+        "queueing them again failed (the file is locked); queue them again with the UPDATE of "
+        "README's recipe for runs a killed scheduler left (find them with 'control-store runs "
+        f"--status running --all --url {path}'); a later demo refuses that file"
+    ) in line
+    assert _run_statuses(path) == {"queued": 2, "running": 1}
 
 
 @pytest.mark.parametrize(
@@ -1926,6 +1974,41 @@ def test_demo_scheduler_processes_stop_with_their_parent(tmp_path: Path, signum:
         for pid in children:
             if not _ended(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_demo_stopped_with_its_process_group_queues_its_runs_again(
+    tmp_path: Path, signum: int
+) -> None:
+    """Ctrl-C, a SIGTERM or a closed terminal reach the whole process group, the schedulers
+    and multiprocessing's resource tracker too: one line, the signal's exit code, and no run
+    left 'running' with no scheduler."""
+    path = tmp_path / "demo.db"
+    demo_process = subprocess.Popen(
+        [sys.executable, "-m", "control_store", "demo", "--url", str(path), "--runs", "200"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_clean_env(),
+        start_new_session=True,  # its own process group, as a shell's job is
+    )
+    try:
+        _wait_for(lambda: _started_runs(path), "a scheduler to claim a run")
+        os.killpg(demo_process.pid, signum)
+        _, err = demo_process.communicate(timeout=60)
+        assert demo_process.returncode == 128 + signum
+        (line,) = err.splitlines()  # no warning or traceback from the resource tracker
+        assert re.search(
+            r"\(the (run its schedulers held was|[\d,]+ runs its schedulers held "
+            r"were) queued again\)",
+            line,
+        ), line
+        assert "running" not in _run_statuses(path)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(demo_process.pid, signal.SIGKILL)
+        demo_process.wait()
 
 
 def _ended(pid: int) -> bool:
