@@ -32,6 +32,9 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Final, Protocol
 
+if sys.platform != "win32":
+    import fcntl
+
 import msgspec
 
 from . import _codec, _sqlite
@@ -394,6 +397,58 @@ class Submitted:
     """Runs written with every one of their jobs."""
     without_jobs: Run | None = None
     """A run whose row was written, but whose jobs were not (yet, or ever: stopped between)."""
+
+
+class DemoRunning(Exception):
+    """Another demo holds the demo's lock on this database: its process id, if it wrote one."""
+
+    def __init__(self, pid: int | None) -> None:
+        super().__init__(pid)
+        self.pid = pid
+
+
+@contextlib.contextmanager
+def only_demo_on(path: str) -> Iterator[None]:
+    """Hold, for the whole demo, an exclusive lock on ``path``'s demo lock file (the database's
+    path + "-demo.lock", holding the holder's process id), or raise DemoRunning.
+
+    Two demos on one database claim each other's runs (claim_next_run takes the oldest queued
+    run, whoever submitted it), and each then fails its checks; refusing a database that holds
+    queued runs is no guard, since both may look before either submits. The lock is flock's:
+    the kernel lets it go when its process ends, however it ends, so one left by a killed demo
+    blocks nobody. The file is removed on the way out, still locked: a demo that had opened it
+    meanwhile then finds it gone from the path, and locks a new one.
+    """
+    if sys.platform == "win32":  # no flock; and the demo's signals are POSIX's anyway
+        yield
+        return
+    lock_path = f"{path}-demo.lock"
+    while True:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            raise DemoRunning(int(holder) if holder.isdigit() else None) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            current = os.stat(lock_path).st_ino
+        except FileNotFoundError:  # removed by the demo that held it, as it ended
+            current = None
+        if current == os.fstat(fd).st_ino:
+            break
+        os.close(fd)  # that demo's old file: lock the one at the path now
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock_path)
+        os.close(fd)
 
 
 async def submit(store: Store, config: DemoConfig, submitted: Submitted | None = None) -> list[Run]:

@@ -925,34 +925,33 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
         opened = await Store.connect(config.url, busy_timeout=config.busy_timeout)
     async with opened as store:
         _track(args, store)
-        queued = await store.list_runs(status=RunStatus.QUEUED, limit=1)
-        if queued:
-            path = Path(_sqlite.parse_url(config.url))
-            fresh = path.with_name(f"{path.stem}-demo{path.suffix or '.db'}")
-            raise Failure(
-                f"{_sqlite.redact(config.url)} already has queued runs (e.g. {queued[0].id}), "
-                "which the demo's schedulers would claim; run the demo on a database of its "
-                f"own, a new file: {_command('demo', *_url_option(_path_url(fresh)))}"
-            )
-        if human:
-            _describe_demo(out, config)
-            out.flush()  # now: a reader that is gone (demo | head -1) is noticed before work
-        args.demo_stage = "submitting"
-        args.demo_submitted = _demo.Submitted()
-        args.demo_runs = config.runs
-        runs = await _demo.submit(store, config, args.demo_submitted)
-        progress = _Progress(out, config.total_jobs, config.runs, enabled=human)
-        args.demo_stage = "running"
-        try:
-            result = await _demo.run_fleet(config, progress.update)
-        except BaseException:
-            # Stopped (a signal, output gone, an error): run_fleet has ended every scheduler
-            # process, and the runs they held would stay 'running' for good.
-            args.demo_requeued = await _requeue_stranded(args, store, runs)
-            raise
-        args.demo_stage = "finished"
-        progress.finish()
-        checks = await _demo.verify(store, config, runs, result)
+        with _only_demo(args, config.url):
+            queued = await store.list_runs(status=RunStatus.QUEUED, limit=1)
+            if queued:
+                raise Failure(
+                    f"{_sqlite.redact(config.url)} already has queued runs (e.g. {queued[0].id}), "
+                    "which the demo's schedulers would claim; run the demo on a database of its "
+                    f"own, a new file: {_fresh_demo_command(_sqlite.parse_url(config.url))}"
+                )
+            if human:
+                _describe_demo(out, config)
+                out.flush()  # now: a reader that is gone (demo | head -1) is noticed before work
+            args.demo_stage = "submitting"
+            args.demo_submitted = _demo.Submitted()
+            args.demo_runs = config.runs
+            runs = await _demo.submit(store, config, args.demo_submitted)
+            progress = _Progress(out, config.total_jobs, config.runs, enabled=human)
+            args.demo_stage = "running"
+            try:
+                result = await _demo.run_fleet(config, progress.update)
+            except BaseException:
+                # Stopped (a signal, output gone, an error): run_fleet has ended every scheduler
+                # process, and the runs they held would stay 'running' for good.
+                args.demo_requeued = await _requeue_stranded(args, store, runs)
+                raise
+            args.demo_stage = "finished"
+            progress.finish()
+            checks = await _demo.verify(store, config, runs, result)
     ok = all(c.ok for c in checks)
     snap = result.snapshot
     if args.json:
@@ -1063,6 +1062,30 @@ async def _requeue_stranded(
         return await _demo.requeue_stranded(store, runs)
     except ControlError as exc:
         return exc
+
+
+@contextlib.contextmanager
+def _only_demo(args: argparse.Namespace, url: str) -> Iterator[None]:
+    """The demo's lock on the database (see _demo.only_demo_on), refused as a Failure."""
+    from . import _demo
+
+    path = _sqlite.parse_url(url)
+    try:
+        with _demo.only_demo_on(path):
+            yield
+    except _demo.DemoRunning as running:
+        holder = "" if running.pid is None else f" (process {running.pid})"
+        raise Failure(
+            f"another demo is running on {_sqlite.redact(url)}{holder}, and two demos on one "
+            "database would claim each other's runs; wait for it to end, or run this one on a "
+            f"database of its own, a new file: {_fresh_demo_command(path)}"
+        ) from None
+
+
+def _fresh_demo_command(path: str) -> str:
+    """The demo command for a new file beside ``path``, for a demo refused on ``path``."""
+    fresh = Path(path).with_name(f"{Path(path).stem}-demo{Path(path).suffix or '.db'}")
+    return _command("demo", *_url_option(_path_url(fresh)))
 
 
 def _jobs_per_second(snap: Snapshot) -> float:

@@ -1537,6 +1537,38 @@ def test_demo_refuses_a_database_with_queued_runs(
     assert len(_stored_runs(path)) == 2
 
 
+def test_demo_refuses_a_database_another_demo_is_running_on(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Two demos on one file would claim each other's runs, and both could pass the queued-runs
+    check before either submits: the second is refused by the first's lock, in one line naming
+    its process, and submits nothing. Once the first has ended, its lock file is gone."""
+    path = tmp_path / "shared.db"
+    with demo.only_demo_on(str(path)):
+        assert (tmp_path / "shared.db-demo.lock").read_text() == f"{os.getpid()}\n"
+        result = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
+        assert_one_line_error(
+            result,
+            f"another demo is running on {path} (process {os.getpid()})",
+            "claim each other's runs",
+            f"a new file: 'control-store demo --url {tmp_path / 'shared-demo.db'}'",
+        )
+        assert _stored_runs(path) == []
+    assert not (tmp_path / "shared.db-demo.lock").exists()
+
+
+def test_a_lock_file_left_by_a_killed_demo_blocks_no_demo(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """flock's lock ends with its process, however it ended: the file a killed demo left (no
+    one holding it) is taken over, and removed at the end."""
+    path = tmp_path / "demo.db"
+    (tmp_path / "demo.db-demo.lock").write_text("999999\n")
+    code, _, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
+    assert code == 0, err
+    assert not (tmp_path / "demo.db-demo.lock").exists()
+
+
 @pytest.mark.parametrize("from_env", [False, True])
 def test_demo_refuses_an_in_memory_database_as_a_usage_error(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, from_env: bool
