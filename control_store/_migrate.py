@@ -124,13 +124,20 @@ def pending(
     done: set[int] = set()
     for row in applied:
         if not row.success:
+            source = by_version.get(row.version)
+            compare = (
+                ""
+                if source is None
+                else f" (what it makes is the SQL in {source.path}: compare the sqlite3 shell's "
+                ".schema of the file with it)"
+            )
             raise DirtyMigrationError(
                 f"migration {row.version} ({row.description}) of {database} is recorded as "
                 f"failed; inspect the schema: if what the migration makes is all there, mark "
                 f"it done (UPDATE {TRACKING_TABLE} SET success = 1 WHERE version = "
                 f"{row.version}); if none of it is, and no later migration is recorded, delete "
                 "that row to run it again; else repair the schema to what it makes, then mark "
-                "it done (check() compares the schema with what the migrations make)"
+                f"it done{compare}"
             )
         mine = by_version.get(row.version)
         if mine is None:

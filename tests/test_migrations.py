@@ -247,6 +247,11 @@ async def test_failed_migration_is_refused(db_path: Path) -> None:
         conn.execute(f"UPDATE {TRACKING} SET success = 0 WHERE version = 1")
     with pytest.raises(DirtyMigrationError, match="recorded as failed") as caught:
         await Store.connect(db_path)
+    # What to compare the schema with is named where it is (check() cannot open such a file).
+    named = re.search(r"what it makes is the SQL in (\S+):", str(caught.value))
+    assert named is not None
+    assert named[1] == str(load_migrations("sqlite")[0].path)
+    assert Path(named[1]).is_file()
     follow_advice(db_path, caught.value, r"mark it done \((UPDATE .*?)\)")
     async with Store.connect(db_path) as store:
         assert await store.check() == []
