@@ -127,6 +127,10 @@ RETURNING {_codec.CLAIMED_COLUMNS}
 # SqliteBackend.write's undo): only while still running, which they stay until that caller, the
 # only one who could have worked on them, records their jobs.
 RELEASE_RUN: Final = "UPDATE runs SET status = 'queued' WHERE id = ? AND status = 'running'"
+# Whether a job id is among the jobs table's last N rows (see _inserted_by_this_call).
+SELECT_LATEST_JOB: Final = (
+    "SELECT 1 FROM (SELECT id FROM jobs ORDER BY rowid DESC LIMIT ?) WHERE id = ?"
+)
 
 # The record's guard: only a job of this run that is not yet done changes, so a redelivered
 # outcome (at-least-once delivery) changes nothing and the first delivery wins.
@@ -1591,6 +1595,11 @@ def _insert_jobs(
         if failed is not None and name == "SQLITE_CONSTRAINT_PRIMARYKEY":
             if with_run is not None:
                 raise _job_id_taken(failed[0], with_run, conn) from exc
+            if _inserted_by_this_call(failed[0], sum(per_run().values()) - 1, conn):
+                raise AlreadyExistsError(
+                    f"job {failed[0]} is given twice in this call's jobs; no job of this call "
+                    "was inserted: give each job its own id (Job(...) makes one by default)"
+                ) from exc
             raise AlreadyExistsError(
                 f"job {failed[0]} already exists; no job of this call was inserted: drop it "
                 "from the batch, or give it a fresh id"
@@ -1606,6 +1615,15 @@ def _insert_jobs(
         if conn.execute(ADD_JOB_ROWS, (added, run_id, added)).rowcount != 1:
             _refuse_job_rows(run_id, added, conn)
     return counts
+
+
+def _inserted_by_this_call(job_id: str, inserted: int, conn: sqlite3.Connection) -> bool:
+    """Whether ``job_id`` is one of the ``inserted`` jobs this call inserted before the one that
+    failed (given twice, not stored before): SQLite gives a new row the table's largest rowid
+    plus one, so they are the table's last rows, still there in the call's transaction."""
+    if inserted <= 0:
+        return False
+    return conn.execute(SELECT_LATEST_JOB, (inserted, job_id)).fetchone() is not None
 
 
 def _job_id_taken(job_id: str, run_id: str, conn: sqlite3.Connection) -> AlreadyExistsError:
@@ -1806,7 +1824,8 @@ def _refuse_job_rows(run_id: str, added: int, conn: sqlite3.Connection) -> NoRet
     # No call changes a stored run's job_count: the fix is fewer jobs, or another run.
     room = max(job_count - job_rows, 0)
     fix = (
-        f"insert at most {room} more jobs for it, and put the rest in a new run"
+        f"insert at most {room:,} more job{'' if room == 1 else 's'} for it, and put the rest in "
+        "a new run"
         if room
         else "it has all its jobs; put further jobs in a new run"
     )

@@ -290,7 +290,9 @@ class Store:
         return _Connecting(_sqlite.MEMORY_URL, options)
 
     async def __aenter__(self) -> Self:
-        self._connected()  # a closed store: refused here, not at the block's first call
+        # A closed store, or one of another event loop or process: refused here, before the
+        # block runs, not at its first call (or at the exit's close()).
+        self._connected().refuse_foreign()
         return self
 
     async def __aexit__(

@@ -97,6 +97,35 @@ async def test_calls_from_another_threads_loop_are_refused_and_change_nothing(ur
         assert await store.check() == []
 
 
+async def test_async_with_from_another_threads_loop_is_refused_before_its_block(
+    url: str,
+) -> None:
+    """`async with store` from another loop raises WrongEventLoopError on entry: the block
+    never runs (it used to, and only the exit's close() refused), and the store stays open."""
+    async with Store.connect(url) as store:
+        entered: list[bool] = []
+
+        async def enter() -> None:
+            async with store:
+                entered.append(True)
+
+        raised: list[BaseException] = []
+
+        def elsewhere() -> None:
+            try:
+                asyncio.run(enter())
+            except BaseException as exc:  # the test compares what was raised
+                raised.append(exc)
+
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        await asyncio.to_thread(thread.join)
+        assert entered == []
+        (error,) = raised
+        assert isinstance(error, WrongEventLoopError)
+        assert await store.list_runs() == []  # still open, on its own loop
+
+
 async def test_a_call_from_inside_a_job_generator_says_it_came_from_the_stores_thread(
     url: str,
 ) -> None:

@@ -354,9 +354,59 @@ async def test_insert_jobs_is_all_or_nothing_on_a_duplicate_id(store: Store) -> 
     await store.insert_run(run)
     jobs = make_jobs(run)
     await store.insert_jobs(jobs[:1])
-    with pytest.raises(AlreadyExistsError, match=str(jobs[0].id)):
+    with pytest.raises(AlreadyExistsError) as caught:
         await store.insert_jobs([jobs[1], jobs[2], jobs[0], jobs[3]])
+    assert str(caught.value) == (
+        f"job {jobs[0].id} already exists; no job of this call was inserted: drop it from the "
+        "batch, or give it a fresh id"
+    )
     assert await store.list_jobs(run.id) == jobs[:1]
+
+
+@pytest.mark.parametrize("first", [0, 2], ids=["first-job", "later-job"])
+async def test_a_job_given_twice_in_one_batch_is_told_so(store: Store, first: int) -> None:
+    """A job id twice in one insert_jobs batch is refused as given twice, not as one already
+    stored (a caller told so could drop it, and it would never be inserted); nothing is."""
+    run = make_run(job_count=5)
+    await store.insert_run(run)
+    jobs = make_jobs(run)
+    batch = [*jobs[:first], jobs[first], jobs[3], jobs[first], jobs[4]]
+    with pytest.raises(AlreadyExistsError) as caught:
+        await store.insert_jobs(batch)
+    assert str(caught.value) == (
+        f"job {jobs[first].id} is given twice in this call's jobs; no job of this call was "
+        "inserted: give each job its own id (Job(...) makes one by default)"
+    )
+    assert await store.list_jobs(run.id) == []
+    await store.insert_jobs(jobs)  # the fix: each job once
+    assert await store.list_jobs(run.id) == jobs
+
+
+async def test_in_one_group_commit_a_job_twice_is_told_apart_from_another_calls(
+    db_path: Path,
+) -> None:
+    """Calls grouped into one transaction: a job inserted by an earlier call of the group is
+    one that already exists for a later call, and a job given twice in a call is that call's
+    own mistake; each failing call inserts nothing, the others all they were given."""
+    run = make_run(job_count=6)
+    jobs = make_jobs(run)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+        results = await asyncio.gather(
+            store.insert_run(make_run()),  # on the thread while the four below queue up
+            store.insert_jobs(jobs[:2]),
+            store.insert_jobs([jobs[2], jobs[1]]),  # jobs[1]: the first call's
+            store.insert_jobs([jobs[3], jobs[4], jobs[3]]),  # jobs[3] twice
+            store.insert_jobs([jobs[5]]),
+            return_exceptions=True,
+        )
+        assert results[:2] == [None, None]
+        assert results[4] is None
+        assert isinstance(results[2], AlreadyExistsError)
+        assert str(results[2]).startswith(f"job {jobs[1].id} already exists;")
+        assert isinstance(results[3], AlreadyExistsError)
+        assert str(results[3]).startswith(f"job {jobs[3].id} is given twice in this call's jobs;")
+        assert await store.list_jobs(run.id) == [*jobs[:2], jobs[5]]
 
 
 async def test_job_for_a_missing_run_is_refused(store: Store) -> None:
@@ -526,7 +576,10 @@ async def test_a_run_never_gets_more_jobs_than_its_job_count(store: Store) -> No
         await store.insert_jobs(jobs[:5])
     assert "larger job_count when you insert it" not in str(caught.value)
     await store.insert_jobs(jobs[:3])
-    with pytest.raises(ConstraintError, match=r"has job_count 4 and 3 jobs already.* add 2 more"):
+    with pytest.raises(
+        ConstraintError,
+        match=r"has job_count 4 and 3 jobs already.* add 2 more.*insert at most 1 more job for",
+    ):
         await store.insert_jobs(jobs[3:5])
     await store.insert_jobs(jobs[3:4])
     with pytest.raises(
