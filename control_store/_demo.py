@@ -184,6 +184,8 @@ class ProcessReport(msgspec.Struct, frozen=True):
     first_deliveries: list[str] = []
     """Job ids for which record_job_outcome returned True in this process."""
     error: str | None = None
+    retryable: bool = False
+    """Whether ``error`` is a ControlError a retry may cure (a lock held past busy_timeout)."""
     """Why the process failed, if it did."""
 
 
@@ -338,15 +340,16 @@ def scheduler_process(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     tally = _Tally(counters)
     error: str | None = None
+    retryable = False
     try:
         asyncio.run(_scheduler_process(config, process, tally, parent))
     except BaseException as exc:  # reported to the parent, which decides how to fail
         leaf = first_error(exc)
         if isinstance(leaf, ControlError):
-            error = str(leaf)
+            error, retryable = str(leaf), leaf.retryable
         else:
             error = "".join(traceback.format_exception(leaf)).strip()
-    report = ProcessReport(tally.claimed, tally.first_deliveries, error)
+    report = ProcessReport(tally.claimed, tally.first_deliveries, error, retryable)
     with contextlib.suppress(OSError):  # the parent is gone: nobody to tell
         conn.send_bytes(msgspec.msgpack.encode(report))
     conn.close()

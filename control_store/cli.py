@@ -973,10 +973,13 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
         )
     else:
         _summarise_demo(out, config, snap, checks, ok, where=_given_url(args))
-    if not ok:
-        failed = "; ".join(c.name for c in checks if not c.ok)
-        _complain(f"{PROG}: error: demo invariant failed: {failed}")
-    return EXIT_OK if ok else EXIT_FAILURE
+    if ok:
+        return EXIT_OK
+    failed = "; ".join(c.name for c in checks if not c.ok)
+    _complain(f"{PROG}: error: demo invariant failed: {failed}")
+    # A scheduler stopped by what a retry may cure (a lock held past --busy-timeout, a full
+    # disk): exit as any command failing so does.
+    return EXIT_RETRY if any(r.retryable for r in result.reports) else EXIT_FAILURE
 
 
 # The demo's sizes, bounded by what a demo is for: a fleet at work on one machine, watched for

@@ -1616,6 +1616,31 @@ def test_demo_exits_1_when_the_fleet_did_nothing(
     ]
 
 
+@pytest.mark.parametrize("retryable", [True, False])
+def test_a_fleet_stopped_by_a_retryable_error_exits_3(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    retryable: bool,
+) -> None:
+    """A scheduler process that stopped on a ControlError a retry may cure (a lock held past
+    --busy-timeout) fails the demo with exit 3, as any command failing so does; another, 1."""
+
+    async def locked_fleet(config: demo.DemoConfig, on_progress: object) -> demo.FleetResult:
+        error = "sqlite://x.db is locked: another connection held a lock on it"
+        reports = [demo.ProcessReport(error=error, retryable=retryable)]
+        reports += [demo.ProcessReport() for _ in range(config.processes - 1)]
+        return demo.FleetResult(_snapshot(0, 0.1), reports, [1] + [0] * (config.processes - 1))
+
+    monkeypatch.setattr(demo, "run_fleet", locked_fleet)
+    code, out, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(tmp_path / "x.db"))
+    assert code == (3 if retryable else 1)
+    assert "✗ every scheduler process finished cleanly" in out
+    assert "is locked" in out
+    (line,) = err.splitlines()
+    assert line.startswith("control-store: error: demo invariant failed: every scheduler process")
+
+
 async def test_a_scheduler_dispatches_a_run_a_page_at_a_time(store: Store) -> None:
     """Ten jobs to do in pages of 3, the last page short: every job not yet done is recorded
     once, the jobs done before are not dispatched again, and a job whose worker died goes out
