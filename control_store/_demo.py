@@ -485,22 +485,31 @@ async def _submit_run(store: Store, run: Run, jobs: Iterator[Job], done: Submitt
     done.runs.append(run)
 
 
+@contextlib.contextmanager
+def _blocked(signum: signal.Signals) -> Iterator[None]:
+    """``signum`` blocked on this thread for the block: a process started meanwhile keeps it
+    blocked (the mask survives fork and exec, as multiprocessing's own resource tracker is
+    started with SIGINT and SIGTERM blocked), and one that comes meanwhile is delivered to
+    this process after the block."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _start_resource_tracker() -> None:
     """Start multiprocessing's resource tracker, which spawning a child starts and the counters'
-    lock registers with, with SIGHUP blocked (a blocked signal stays blocked across fork and
-    exec). The tracker ignores SIGINT and SIGTERM itself, but a hang-up sent to the process
-    group (a closed terminal) killed it, and the lock's release then relaunched it with a
-    warning and a traceback after the demo's one line. Blocked here, a SIGHUP that comes
-    meanwhile is delivered once the tracker is up."""
+    lock registers with, with SIGHUP blocked. The tracker ignores SIGINT and SIGTERM itself,
+    but a hang-up sent to the process group (a closed terminal) killed it, and the lock's
+    release then relaunched it with a warning and a traceback after the demo's one line."""
     from multiprocessing import resource_tracker
 
-    if not hasattr(signal, "pthread_sigmask"):
-        return
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
-    try:
+    with _blocked(signal.SIGHUP):
         resource_tracker.ensure_running()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 async def run_fleet(config: DemoConfig, on_progress: Callable[[Snapshot], None]) -> FleetResult:
@@ -528,7 +537,11 @@ async def run_fleet(config: DemoConfig, on_progress: Callable[[Snapshot], None])
                 name=f"control-store-demo-scheduler-{index}",
                 daemon=True,
             )
-            child.start()
+            # SIGINT blocked for good in the child: it ignores Ctrl-C (the parent owns it, see
+            # scheduler_process), and one that came while it was still importing raised
+            # KeyboardInterrupt there, a traceback after the demo's one line.
+            with _blocked(signal.SIGINT):
+                child.start()
             sender.close()  # the child holds its end; EOF then means the child is gone
             processes.append(child)
             pipes.append(receiver)

@@ -321,7 +321,35 @@ def redact(url: str) -> str:
     return _URL_CREDENTIALS.sub(r"\1//\2:***@", url)
 
 
-def _percent_decoded(url: str, path: str) -> str:
+@dataclass(frozen=True, slots=True)
+class UrlFixes:
+    """The fixes parse_url's refusals give, in the words of whoever passed the URL: a caller of
+    Store.connect, or a user of the command line (cli.py's own), for whom keyword arguments
+    and pathlib mean nothing."""
+
+    path_itself: str
+    """How to pass a path as it is, undecoded."""
+    options: str
+    """Where options go instead of a URL's query."""
+    as_file: str
+    """How to name the file {path}, whose name reads as a URL with a scheme."""
+    memory: str
+    """How to get an in-memory store, or a file named ':memory:'."""
+
+
+LIBRARY_FIXES: Final = UrlFixes(
+    path_itself="pass the path itself, as a str or a pathlib.Path",
+    options="pass options as keyword arguments: Store.connect(url, busy_timeout=...)",
+    as_file="pass it as ./{path} or a pathlib.Path",
+    memory=(
+        f"for an in-memory store use Store.in_memory() (or the URL {MEMORY_URL}); for a file "
+        "named ':memory:', pass './:memory:' as a str (pathlib drops the './'), or an absolute "
+        "path such as Path.cwd() / ':memory:'"
+    ),
+)
+
+
+def _percent_decoded(url: str, path: str, fixes: UrlFixes) -> str:
     """A sqlite URL's path with its %XX escapes decoded, as sqlx reads it: the URL
     sqlite://my%20runs.db (shared with a service using sqlx, say) is the file "my runs.db",
     never a new file named "my%20runs.db" beside it. A % not followed by two hex digits stays;
@@ -333,8 +361,8 @@ def _percent_decoded(url: str, path: str) -> str:
     except UnicodeDecodeError as exc:
         raise ConfigurationError(
             f"URL {redact(url)!r} percent-encodes bytes that are not UTF-8 ({exc.reason}); "
-            "nothing was opened: encode the name's UTF-8 bytes (%C3%A9 for é), or pass the "
-            "path itself, as a str or a pathlib.Path"
+            f"nothing was opened: encode the name's UTF-8 bytes (%C3%A9 for é), or "
+            f"{fixes.path_itself}"
         ) from exc
     if decoded == path:
         return path
@@ -459,7 +487,7 @@ def require_sqlite() -> None:
         )
 
 
-def parse_url(url: str | os.PathLike[str]) -> str:
+def parse_url(url: str | os.PathLike[str], *, fixes: UrlFixes = LIBRARY_FIXES) -> str:
     """The SQLite file path (or ``:memory:``) that ``url`` names, as sqlx reads it.
 
     ``sqlite::memory:``, ``sqlite://relative/path.db``, ``sqlite:///absolute/path.db``,
@@ -468,7 +496,7 @@ def parse_url(url: str | os.PathLike[str]) -> str:
     Only ``sqlite::memory:`` names an in-memory database. SQLite reads the file name
     ``:memory:`` that way too, so a plain path ``:memory:`` (or ``sqlite://:memory:``, which
     names a file everywhere else) would silently give a store that keeps nothing; it is refused,
-    with both fixes.
+    with both fixes. ``fixes``: the words of the fixes a refusal gives (see UrlFixes).
     """
     if isinstance(url, os.PathLike):
         try:
@@ -494,7 +522,7 @@ def parse_url(url: str | os.PathLike[str]) -> str:
             if "?" in rest:
                 raise ConfigurationError(
                     f"URL {redact(url)!r} has query parameters, which are not supported; "
-                    "pass options as keyword arguments: Store.connect(url, busy_timeout=...)"
+                    f"{fixes.options}"
                 )
             if rest == MEMORY:  # sqlite::memory:
                 return MEMORY
@@ -507,9 +535,9 @@ def parse_url(url: str | os.PathLike[str]) -> str:
                     "credentials (sqlite://relative/path.db, sqlite:///absolute/path.db), or, "
                     "for a directory really named so, pass the path itself, starting with ./"
                 )
-            path = _percent_decoded(url, _typed_path(rest))
+            path = _percent_decoded(url, _typed_path(rest), fixes)
             if path == MEMORY:
-                raise _memory_as_a_file(redact(url))
+                raise _memory_as_a_file(redact(url), fixes)
             if path in ("", "memory"):
                 raise ConfigurationError(
                     f"URL {redact(url)!r} names no file; use sqlite://path/to/file.db, or "
@@ -527,7 +555,7 @@ def parse_url(url: str | os.PathLike[str]) -> str:
             as_file = (
                 ""
                 if url[len(scheme) + 1 :].startswith("//")
-                else f", or, if it names a file, pass it as ./{redact(url)} or a pathlib.Path"
+                else f", or, if it names a file, {fixes.as_file.format(path=redact(url))}"
             )
             raise ConfigurationError(
                 f"URL {redact(url)!r} has the unknown scheme {typed_scheme!r} (the text before "
@@ -537,7 +565,7 @@ def parse_url(url: str | os.PathLike[str]) -> str:
     else:  # unreachable by the hints, reached by callers all the same (bytes, None)
         raise _not_a_url(url)
     if path == MEMORY:
-        raise _memory_as_a_file(path)
+        raise _memory_as_a_file(path, fixes)
     if not path:
         raise ConfigurationError("the database path is empty; name a file, e.g. control.db")
     if "\0" in path:
@@ -586,14 +614,11 @@ def _not_a_url(url: object) -> ConfigurationError:
     return ConfigurationError(f"expected a URL string or a path, got {typed(url)}; {fix}")
 
 
-def _memory_as_a_file(given: str) -> ConfigurationError:
+def _memory_as_a_file(given: str, fixes: UrlFixes) -> ConfigurationError:
     """The error for ``:memory:`` given where a file is named (see parse_url)."""
     return ConfigurationError(
         f"{given!r} names a file, but SQLite would open an in-memory database for it, which "
-        "keeps nothing once the store closes; nothing was opened: for an in-memory store use "
-        f"Store.in_memory() (or the URL {MEMORY_URL}); for a file named ':memory:', pass "
-        "'./:memory:' as a str (pathlib drops the './'), or an absolute path such as "
-        "Path.cwd() / ':memory:'"
+        f"keeps nothing once the store closes; nothing was opened: {fixes.memory}"
     )
 
 

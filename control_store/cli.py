@@ -429,9 +429,27 @@ def _busy_timeout(args: argparse.Namespace) -> float:
     return float(getattr(args, "busy_timeout", _DEFAULT_BUSY_TIMEOUT))
 
 
+# parse_url's fixes in a command line's words: --url and --busy-timeout, not keyword arguments
+# and pathlib.
+_URL_FIXES: Final = _sqlite.UrlFixes(
+    path_itself="give the path itself as --url (a plain path is not decoded)",
+    options="give options as the command's own: --busy-timeout SECONDS",
+    as_file="give --url ./{path}",
+    memory=(
+        f"for a file named ':memory:', give --url ./:memory: ({_sqlite.MEMORY_URL} is a new, "
+        "empty in-memory database)"
+    ),
+)
+
+
+def _parsed(url: str) -> str:
+    """The path ``url`` names; a bad URL is a ConfigurationError whose fix is a command's."""
+    return _sqlite.parse_url(url, fixes=_URL_FIXES)
+
+
 def _database_path(url: str, *, create_hint: str) -> str:
     """The file ``url`` names, which must exist: a command that only reads never creates one."""
-    path = _sqlite.parse_url(url)  # a bad URL is a ConfigurationError naming the fix
+    path = _parsed(url)
     if path != _sqlite.MEMORY and not Path(path).exists():
         raise Failure(
             f"no database at {path!r} (URL {_sqlite.redact(url)!r}); check --url or "
@@ -508,6 +526,7 @@ async def cmd_migrate(args: argparse.Namespace, out: Terminal) -> int:
         _table(out, ["VERSION", "DESCRIPTION", "STATE", "INSTALLED ON"], rows)
         return EXIT_OK
     with _naming_the_url(args):
+        _parsed(url)
         opened = await Store.connect(url, busy_timeout=_busy_timeout(args), migrate=False)
     async with opened as store:
         _track(args, store)
@@ -895,7 +914,7 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
     _check_demo_sizes(args)
     url = _url(args)
     with _naming_the_url(args):
-        if _sqlite.parse_url(url) == _sqlite.MEMORY:
+        if _parsed(url) == _sqlite.MEMORY:
             # Each scheduler process would open its own new, empty in-memory database: the runs
             # submitted here would never be claimed, and the checks would blame the store.
             raise UsageError(

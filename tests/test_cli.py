@@ -1313,6 +1313,31 @@ def _shell(command: str, *argv: str) -> Result:
     return done.returncode, done.stdout, done.stderr
 
 
+@pytest.mark.parametrize(
+    ("url", "fix"),
+    [
+        ("sqlite://x.db?busy_timeout=9", "give options as the command's own: --busy-timeout"),
+        (":memory:", "for a file named ':memory:', give --url ./:memory: (sqlite::memory: is"),
+        ("sqlite://:memory:", "give --url ./:memory:"),
+        ("run:1.db", "or, if it names a file, give --url ./run:1.db"),
+        ("sqlite://%FF.db", "or give the path itself as --url (a plain path is not decoded)"),
+    ],
+)
+@pytest.mark.parametrize("command", ["runs", "check", "migrate", "demo"])
+def test_a_url_refused_gives_the_fix_in_the_command_lines_words(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, url: str, fix: str, command: str
+) -> None:
+    """The library's own refusals of these URLs give a Python caller's fix (keyword arguments,
+    pathlib, Store.in_memory()); the command line gives --url and --busy-timeout. Nothing is
+    created."""
+    with contextlib.chdir(tmp_path):
+        result = run_cli(capsys, command, "--url", url)
+    assert_one_line_error(result, fix)
+    for python in ("Store.", "pathlib", "keyword argument", "Path.cwd"):
+        assert python not in result[2]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_closed_stdout_fails_in_one_line(populated: tuple[Path, Run, Run]) -> None:
     """Started with stdout closed (>&-), a command does nothing and says why, in one line."""
     path, _, _ = populated
