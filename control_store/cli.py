@@ -105,6 +105,7 @@ class Terminal:
     unicode: bool
     color: bool
     width: int
+    encoding: str = "utf-8"
 
     @classmethod
     def of(cls, stream: TextIO) -> Terminal:
@@ -114,7 +115,19 @@ class Terminal:
         color = tty and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
         # Off a terminal (a pipe, a file) nothing is cut: the reader may be grep.
         width = _width() if tty else 1_000_000
-        return cls(stream, tty, encoding in ("utf8", "utf16", "utf32"), color, width)
+        unicode = encoding in ("utf8", "utf16", "utf32")
+        codec = getattr(stream, "encoding", None) or "ascii"
+        return cls(stream, tty, unicode, color, width, "utf-8" if unicode else codec)
+
+    def shown(self, text: str) -> str:
+        """``text`` as this stream shows it: what its encoding cannot hold as the backslash
+        escapes _tolerant has it write, so that a table measures what is printed."""
+        if self.unicode or text.isascii():
+            return text
+        try:
+            return text.encode(self.encoding, "backslashreplace").decode(self.encoding)
+        except LookupError:  # an encoding Python does not know: the stream would fail anyway
+            return text
 
     def paint(self, text: str, code: str) -> str:
         """``text`` in ANSI colour ``code`` on a colour terminal, unchanged elsewhere."""
@@ -264,10 +277,39 @@ def _escape_unsafe(match: re.Match[str]) -> str:
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
+def _columns(text: str) -> int:
+    """How many terminal columns ``text`` takes: two for an East Asian wide or fullwidth
+    character (CJK, most emoji), none for a combining mark, one for any other (the characters
+    that draw as nothing are escapes by now: see _printable)."""
+    if text.isascii():
+        return len(text)
+    return sum(_char_columns(char) for char in text)
+
+
+def _char_columns(char: str) -> int:
+    if unicodedata.combining(char) or unicodedata.category(char) == "Me":
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+
+
+def _pad(text: str, width: int) -> str:
+    """``text`` and the spaces that fill it to ``width`` columns."""
+    return text + " " * (width - _columns(text))
+
+
 def _clip(text: str, width: int) -> str:
-    if len(text) <= width:
+    """``text`` cut to ``width`` columns, an ellipsis ending what was cut."""
+    if _columns(text) <= width:
         return text
-    return text[: max(0, width - 1)] + "…" if width > 1 else text[:width]
+    if width <= 1:
+        return text[:width] if text.isascii() else ""
+    kept, used = [], 0
+    for char in text:
+        used += _char_columns(char)
+        if used > width - 1:
+            break
+        kept.append(char)
+    return "".join(kept) + "…"
 
 
 def _table(
@@ -281,17 +323,17 @@ def _table(
     shown printable (see _printable). Returns the widths used; ``after``: the widths of the
     part of the same table printed before (its heading included), which a column keeps
     unless this part's rows are wider."""
-    rows = [[_printable(cell) for cell in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    rows = [[term.shown(_printable(cell)) for cell in row] for row in rows]
+    widths = [max(len(h), *(_columns(r[i]) for r in rows)) for i, h in enumerate(header)]
     if after is not None:
         widths = [max(pair) for pair in zip(widths, after, strict=True)]
     fixed = sum(widths[:-1]) + 2 * (len(widths) - 1)
     widths[-1] = max(len(header[-1]), min(widths[-1], term.width - fixed))
     if after is None:
-        heading = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()
+        heading = "  ".join(_pad(h, w) for h, w in zip(header, widths, strict=True)).rstrip()
         term.print(term.paint(heading, "1"))
     for row in rows:
-        cells = [_clip(cell, w).ljust(w) for cell, w in zip(row, widths, strict=True)]
+        cells = [_pad(_clip(cell, w), w) for cell, w in zip(row, widths, strict=True)]
         status = row[1] if len(row) > 1 else ""
         cells[1] = term.paint(cells[1], _STATUS_COLOR.get(status, "0"))
         term.print("  ".join(cells).rstrip())

@@ -1426,6 +1426,51 @@ def test_output_survives_a_stream_that_cannot_encode_the_data(
     assert out.startswith("no problems found in ")
 
 
+def _columns_before(line: str, text: str) -> int:
+    """The terminal columns ``line`` takes before ``text``: two for a wide character, none for
+    a combining one."""
+    before = line[: line.index(text)]
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in before
+    )
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "ascii"])
+def test_runs_aligns_wide_and_combining_characters_by_the_columns_they_take(
+    tmp_path: Path, encoding: str
+) -> None:
+    """A manifest in CJK (two columns a character) or with a combining accent (none) keeps the
+    next column in line, on a UTF-8 stream and on an ASCII one (where each is an escape)."""
+    path = tmp_path / "wide.db"
+    models = {"plain.yaml": "alpha", "日本語の評価.yaml": "beta", "e\u0301vals.yaml": "gamma"}
+
+    async def populate() -> None:
+        async with Store.connect(path) as store:
+            for manifest, model in models.items():
+                await store.insert_run(Run(manifest, [model], 1, 1))
+
+    asyncio.run(populate())
+    done = subprocess.run(
+        [sys.executable, "-m", "control_store", "runs", "--url", str(path)],
+        capture_output=True,
+        env=_clean_env() | {"PYTHONIOENCODING": encoding},
+        check=True,
+    )
+    header, *rows = done.stdout.decode(encoding).splitlines()
+    assert len(rows) == 3
+    newest_first = reversed(models.values())
+    starts = {_columns_before(row, model) for row, model in zip(rows, newest_first, strict=True)}
+    assert starts == {_columns_before(header, "MODELS")}
+
+
+def test_clip_cuts_by_columns() -> None:
+    """A cell cut to fit takes at most its width in columns, wide characters counted twice."""
+    assert cli._clip("日本語の評価", 7) == "日本語…"
+    assert cli._clip("abcdef", 4) == "abc…"
+    assert cli._clip("e\u0301e\u0301e\u0301", 3) == "e\u0301e\u0301e\u0301"  # 3 columns
+
+
 def test_python_dash_m_runs_the_command(populated: tuple[Path, Run, Run]) -> None:
     """python -m control_store is the CLI: JSON on stdout, exit 0; errors one line, exit 1."""
     path, older, _ = populated
