@@ -1914,6 +1914,16 @@ _ROWS_SKIPPED: Final = (
 )
 
 
+def _integrity_lines(result: str) -> list[str]:
+    """The findings in one row of PRAGMA integrity_check, a line each: a row about damaged
+    pages holds many, under a "*** in database main ***" heading that is no finding."""
+    lines = [line for line in result.splitlines() if line.strip()]
+    return [line for line in lines if not _DATABASE_HEADING.match(line)] or [result]
+
+
+_DATABASE_HEADING: Final = re.compile(r"\*\*\* in database \S+ \*\*\*$")
+
+
 def integrity_repair(line: str) -> str:
     """The finding for one line of PRAGMA integrity_check, ending with its repair."""
     if match := _INDEX_ENTRIES.search(line):
@@ -2179,7 +2189,8 @@ def op_check(conn: sqlite3.Connection) -> list[Problem]:
         try:
             for (result,) in conn.execute("PRAGMA integrity_check"):
                 if result != "ok":
-                    found("database", "", integrity_repair(result))
+                    for line in _integrity_lines(result):
+                        found("database", "", integrity_repair(line))
         except sqlite3.DatabaseError as exc:  # damage so deep the check itself cannot run
             found("database", "", f"SQLite integrity check failed: {exc}; {_RESTORE}")
     if problems:

@@ -188,6 +188,26 @@ async def test_check_reports_a_damaged_file(db_path: Path) -> None:
     assert any(p.table == "database" and "integrity check" in p.message for p in problems)
 
 
+async def test_damaged_pages_are_a_finding_each(db_path: Path) -> None:
+    """SQLite reports damaged pages in one row of several lines under a "*** in database
+    main ***" heading: check() makes each line a finding of its own, one line of text each,
+    and the heading none."""
+    async with Store.connect(db_path) as store:
+        run = make_run(job_count=2000)
+        await store.insert_run(run)
+        await store.insert_jobs(make_jobs(run))
+    with db_path.open("r+b") as file:  # scribble over pages 3 on, the jobs' b-trees among them
+        file.seek(8192)
+        file.write(bytes(range(256)) * 100)
+    async with Store.connect(db_path, migrate=False) as store:
+        problems = await store.check()
+    pages = [p for p in problems if re.match(r"SQLite integrity check: Page \d+: ", p.message)]
+    assert len(pages) >= 2
+    for problem in problems:
+        assert "\n" not in problem.message
+        assert "*** in database" not in problem.message
+
+
 async def test_a_job_whose_run_is_missing_is_named_by_its_id(db_path: Path) -> None:
     """A job whose run row was deleted is reported by the job's id, naming the missing run."""
     run, jobs = await orphaned_jobs(db_path)
