@@ -1501,6 +1501,47 @@ def migration_status(conn: sqlite3.Connection, *, database: str) -> list[Migrati
     return [MigrationState(m.version, m.description, installed.get(m.version)) for m in known]
 
 
+@dataclass(frozen=True, slots=True)
+class MigrationRecord:
+    """One migration as migration_history sees it, whatever the history holds."""
+
+    version: int
+    description: str
+    state: str
+    """'applied', 'pending', 'failed' (recorded as failed), 'changed' (its file's checksum is
+    not the one recorded), or 'unknown' (recorded, but this library has no such migration: a
+    newer release's)."""
+    installed_on: str | None
+
+
+def migration_history(conn: sqlite3.Connection, *, database: str) -> list[MigrationRecord]:
+    """Every known migration and every recorded one, in version order, each with its state,
+    also where migration_status refuses the history (a failed, edited or unknown migration):
+    what ``control-store migrate --status`` lists beside that refusal. A row that cannot be
+    read at all is still a CorruptRowError."""
+    known = {m.version: m for m in _migrate.load_migrations("sqlite")}
+    applied = {row.version: row for row in _read_applied(conn, database=database)}
+    installed: dict[int, str] = {}
+    if applied:
+        installed = {int(v): str(i) for v, _, _, _, i in conn.execute(SELECT_APPLIED)}
+    records = []
+    for version in sorted(known.keys() | applied.keys()):
+        mine, row = known.get(version), applied.get(version)
+        if row is None:
+            state = "pending"
+        elif mine is None:
+            state = "unknown"
+        elif not row.success:
+            state = "failed"
+        elif row.checksum != mine.checksum:
+            state = "changed"
+        else:
+            state = "applied"
+        description = mine.description if mine is not None else row.description if row else ""
+        records.append(MigrationRecord(version, description, state, installed.get(version)))
+    return records
+
+
 # ---------------------------------------------------------------------------------------------
 # Operations: synchronous functions of the sqlite3 connection, run on the worker thread.
 # Write operations run inside the transaction (and savepoint) the group commit opened.

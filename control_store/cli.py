@@ -39,7 +39,15 @@ import msgspec
 
 from . import _codec, _sqlite
 from ._store import Store, connect_any_version
-from .errors import ControlError, DatabaseBusyError, NotFoundError, PendingMigrationError
+from .errors import (
+    ControlError,
+    DatabaseBusyError,
+    DirtyMigrationError,
+    MigrationChangedError,
+    NotFoundError,
+    PendingMigrationError,
+    UnknownMigrationError,
+)
 from .models import JobOutcome, JobStatus, Run, RunStatus
 
 if TYPE_CHECKING:  # the demo's module is imported only when the demo runs
@@ -549,23 +557,27 @@ async def cmd_migrate(args: argparse.Namespace, out: Terminal) -> int:
     url = _url(args)
     if args.status:
         store = await _open_for_status(args)
+        refused: ControlError | None = None
         async with store:
-            states = await store.migration_status()
-        if args.json:
-            out.print(
-                out.json([asdict(s) | {"applied": s.installed_on is not None} for s in states])
+            try:
+                await store.migration_status()
+            except (DirtyMigrationError, MigrationChangedError, UnknownMigrationError) as exc:
+                refused = exc  # listed all the same: the listing is what shows the damage
+            backend = store._connected()  # the CLI is part of the package: its own backend
+            records = await backend.read(
+                partial(
+                    _sqlite.migration_history, database=_sqlite.database_name(url, _parsed(url))
+                )
             )
-            return EXIT_OK
-        rows = [
-            [
-                str(s.version),
-                s.description,
-                "applied" if s.installed_on else "pending",
-                s.installed_on or "",
-            ]
-            for s in states
-        ]
-        _table(out, ["VERSION", "DESCRIPTION", "STATE", "INSTALLED ON"], rows)
+        if args.json:
+            listed = [asdict(r) | {"applied": r.state == "applied"} for r in records]
+            out.print(out.json(listed))
+        else:
+            rows = [[str(r.version), r.description, r.state, r.installed_on or ""] for r in records]
+            _table(out, ["VERSION", "DESCRIPTION", "STATE", "INSTALLED ON"], rows)
+        if refused is not None:
+            out.flush()
+            raise refused
         return EXIT_OK
     with _naming_the_url(args):
         _parsed(url)

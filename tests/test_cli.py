@@ -45,6 +45,7 @@ from control_store import (
     cli,
 )
 from control_store import _demo as demo
+from control_store._migrate import TRACKING_TABLE
 from control_store._sqlite import parse_url
 
 from conftest import (
@@ -709,7 +710,13 @@ def test_migrate_status_lists_pending_then_applied(
     code, out, _ = run_cli(capsys, "migrate", "--status", "--json", "--url", str(path))
     assert code == 0
     assert json.loads(out) == [
-        {"version": version, "description": description, "installed_on": None, "applied": False}
+        {
+            "version": version,
+            "description": description,
+            "state": "pending",
+            "installed_on": None,
+            "applied": False,
+        }
         for version, description in SHIPPED
     ]
     code, out, _ = run_cli(capsys, "migrate", "--status", "--url", str(path))
@@ -720,7 +727,66 @@ def test_migrate_status_lists_pending_then_applied(
     code, out, _ = run_cli(capsys, "migrate", "--status", "--json", "--url", str(path))
     states = json.loads(out)
     assert [state["applied"] for state in states] == [True] * len(SHIPPED)
+    assert [state["state"] for state in states] == ["applied"] * len(SHIPPED)
     assert all(datetime.fromisoformat(s["installed_on"]).tzinfo is not None for s in states)
+
+
+@pytest.mark.parametrize(
+    ("edit", "version", "state", "error"),
+    [
+        (
+            f"UPDATE {TRACKING_TABLE} SET success = 0 WHERE version = 2",
+            2,
+            "failed",
+            "recorded as failed",
+        ),
+        (
+            f"UPDATE {TRACKING_TABLE} SET checksum = x'00' WHERE version = 1",
+            1,
+            "changed",
+            "checksum",
+        ),
+        (
+            f"INSERT INTO {TRACKING_TABLE} VALUES (99, 'from the future', "
+            "'2026-01-01T00:00:00.000000Z', 1, x'00', 0)",
+            99,
+            "unknown",
+            "newer release",
+        ),
+    ],
+    ids=["failed", "changed", "unknown"],
+)
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_migrate_status_lists_a_history_it_refuses(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    edit: str,
+    version: int,
+    state: str,
+    error: str,
+    as_json: bool,
+) -> None:
+    """On a failed, edited or unknown migration migrate --status still lists every migration,
+    the bad one with its state, then exits 1 with the refusal and its fix; nothing changes."""
+    path = tmp_path / "history.db"
+    assert run_cli(capsys, "migrate", "--url", str(path))[0] == 0
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute(edit)
+    before = path.read_bytes()
+    argv = ["migrate", "--status", *(["--json"] if as_json else []), "--url", str(path)]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 1
+    (line,) = err.splitlines()
+    assert line.startswith("control-store: error: ")
+    assert error in line
+    if as_json:
+        states = {s["version"]: s["state"] for s in json.loads(out)}
+    else:
+        # VERSION DESCRIPTION... STATE INSTALLED-ON: every row here has its time.
+        states = {int(row.split()[0]): row.split()[-2] for row in out.splitlines()[1:]}
+    expected = {v: "applied" for v, _ in SHIPPED} | {version: state}
+    assert states == expected
+    assert path.read_bytes() == before
 
 
 # ---------------------------------------------------------------------------------------------
