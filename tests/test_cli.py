@@ -1766,7 +1766,8 @@ def test_a_fleet_stopped_by_a_retryable_error_exits_3(
         error = "sqlite://x.db is locked: another connection held a lock on it"
         reports = [demo.ProcessReport(error=error, retryable=retryable)]
         reports += [demo.ProcessReport() for _ in range(config.processes - 1)]
-        return demo.FleetResult(_snapshot(0, 0.1), reports, [1] + [0] * (config.processes - 1))
+        exit_codes: list[int | None] = [1] + [0] * (config.processes - 1)
+        return demo.FleetResult(_snapshot(0, 0.1), reports, exit_codes)
 
     monkeypatch.setattr(demo, "run_fleet", locked_fleet)
     code, out, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(tmp_path / "x.db"))
@@ -2132,6 +2133,19 @@ def _started_runs(path: Path) -> int:
     return int(count)
 
 
+def _long_demo(path: Path, *, own_group: bool = False) -> subprocess.Popen[str]:
+    """A demo of 200 runs on ``path``, far from done when a test stops it; ``own_group``: in
+    a process group of its own, for a signal sent to the group."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "control_store", "demo", "--url", str(path), "--runs", "200"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_clean_env(),
+        start_new_session=own_group,
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
@@ -2139,13 +2153,7 @@ def test_demo_scheduler_processes_stop_with_their_parent(tmp_path: Path, signum:
     """SIGTERM, SIGHUP or SIGKILL to a running demo: its scheduler processes end too, instead
     of running on as orphans that claim runs; a caught signal is told in one line."""
     path = tmp_path / "demo.db"
-    demo_process = subprocess.Popen(
-        [sys.executable, "-m", "control_store", "demo", "--url", str(path), "--runs", "200"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_clean_env(),
-    )
+    demo_process = _long_demo(path)
     children: list[int] = []
     try:
         _wait_for(lambda: _started_runs(path), "a scheduler to claim a run")
@@ -2178,14 +2186,7 @@ def test_a_demo_stopped_with_its_process_group_queues_its_runs_again(
     and multiprocessing's resource tracker too: one line, the signal's exit code, and no run
     left 'running' with no scheduler."""
     path = tmp_path / "demo.db"
-    demo_process = subprocess.Popen(
-        [sys.executable, "-m", "control_store", "demo", "--url", str(path), "--runs", "200"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_clean_env(),
-        start_new_session=True,  # its own process group, as a shell's job is
-    )
+    demo_process = _long_demo(path, own_group=True)  # as a shell's job is
     try:
         _wait_for(lambda: _started_runs(path), "a scheduler to claim a run")
         os.killpg(demo_process.pid, signum)
