@@ -1766,7 +1766,8 @@ def test_a_fleet_stopped_by_a_retryable_error_exits_3(
         error = "sqlite://x.db is locked: another connection held a lock on it"
         reports = [demo.ProcessReport(error=error, retryable=retryable)]
         reports += [demo.ProcessReport() for _ in range(config.processes - 1)]
-        exit_codes: list[int | None] = [1] + [0] * (config.processes - 1)
+        exit_codes: list[int | None] = [1]
+        exit_codes += [0] * (config.processes - 1)
         return demo.FleetResult(_snapshot(0, 0.1), reports, exit_codes)
 
     monkeypatch.setattr(demo, "run_fleet", locked_fleet)
