@@ -184,9 +184,9 @@ class ProcessReport(msgspec.Struct, frozen=True):
     first_deliveries: list[str] = []
     """Job ids for which record_job_outcome returned True in this process."""
     error: str | None = None
+    """Why the process failed, if it did."""
     retryable: bool = False
     """Whether ``error`` is a ControlError a retry may cure (a lock held past busy_timeout)."""
-    """Why the process failed, if it did."""
 
 
 @dataclass

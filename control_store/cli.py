@@ -1643,14 +1643,19 @@ def _demo_leftovers(args: argparse.Namespace) -> str:
         return f"its runs had all finished in {_shown(args)}"
     # The runs its stopped schedulers held were queued again (see _requeue_stranded), so a
     # run not done is queued: the next demo refuses the file while one is.
-    requeued: int | ControlError = getattr(args, "demo_requeued", 0)
-    if isinstance(requeued, ControlError):
+    requeued: int | ControlError | None = getattr(args, "demo_requeued", None)
+    if not isinstance(requeued, int):
+        # Failed, or never done (stopped at once while it waited for another process's lock).
+        why = (
+            "queueing them again did not finish"
+            if requeued is None
+            else f"queueing them again failed ({_LINE_BREAKS.sub(' ', str(requeued))})"
+        )
         find = _command("runs", "--status", "running", "--all", *_given_url(args))
         return (
             f"its unfinished runs stay in {_shown(args)}, and those its schedulers held stay "
-            f"'running': queueing them again failed ({_LINE_BREAKS.sub(' ', str(requeued))}); "
-            "queue them again with the UPDATE of README's recipe for runs a killed scheduler "
-            f"left (find them with {find}); {refused}"
+            f"'running': {why}; queue them again with the UPDATE of README's recipe for runs "
+            f"a killed scheduler left (find them with {find}); {refused}"
         )
     held = (
         ""
