@@ -147,6 +147,19 @@ def pending(
                 f"version of control_store knows migrations only up to {newest}; the database "
                 "was migrated by a newer release: upgrade control-store to use it"
             )
+        if len(row.checksum) != len(mine.checksum):
+            # No SHA-384 at all: the cell was edited, not the file (which would still hash to
+            # 48 bytes). Restoring the file would change nothing.
+            raise _codec.corrupt_row(
+                TRACKING_TABLE,
+                "checksum",
+                row.version,
+                row.checksum,
+                f"expected the SHA-384 of {mine.path.name}, {len(mine.checksum)} bytes",
+                f"write back this release's checksum (UPDATE {TRACKING_TABLE} SET checksum = "
+                f"X'{mine.checksum.hex()}' WHERE version = {row.version}) if the schema is as "
+                "the migration makes it, or restore the database from a backup",
+            )
         if mine.checksum != row.checksum:
             raise MigrationChangedError(
                 f"migration {row.version} ({row.description}) of {database} was applied with a "

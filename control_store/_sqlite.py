@@ -725,8 +725,9 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
             )
         elif name.startswith("SQLITE_CORRUPT"):
             error = StorageError(
-                f"{database} is corrupt [{detail}]; stop writing to it, run "
-                "'PRAGMA integrity_check' and restore it from a backup"
+                f"{database} is corrupt [{detail}]; stop writing to it and restore it from a "
+                "backup; without one, the sqlite3 shell's .recover command copies what is "
+                "still readable into a new database"
             )
         elif name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN")):
             # A disk that fills up mid-write, or a file size limit (RLIMIT_FSIZE, quota), shows
@@ -1509,8 +1510,8 @@ class MigrationRecord:
     description: str
     state: str
     """'applied', 'pending', 'failed' (recorded as failed), 'changed' (its file's checksum is
-    not the one recorded), or 'unknown' (recorded, but this library has no such migration: a
-    newer release's)."""
+    not the one recorded), 'unreadable' (the recorded checksum is no SHA-384), or 'unknown'
+    (recorded, but this library has no such migration: a newer release's)."""
     installed_on: str | None
 
 
@@ -1533,6 +1534,8 @@ def migration_history(conn: sqlite3.Connection, *, database: str) -> list[Migrat
             state = "unknown"
         elif not row.success:
             state = "failed"
+        elif len(row.checksum) != len(mine.checksum):
+            state = "unreadable"  # no SHA-384: the cell was edited (see _migrate.pending)
         elif row.checksum != mine.checksum:
             state = "changed"
         else:

@@ -41,6 +41,7 @@ from . import _codec, _sqlite
 from ._store import Store, connect_any_version
 from .errors import (
     ControlError,
+    CorruptRowError,
     DatabaseBusyError,
     DirtyMigrationError,
     MigrationChangedError,
@@ -561,7 +562,12 @@ async def cmd_migrate(args: argparse.Namespace, out: Terminal) -> int:
         async with store:
             try:
                 await store.migration_status()
-            except (DirtyMigrationError, MigrationChangedError, UnknownMigrationError) as exc:
+            except (
+                CorruptRowError,
+                DirtyMigrationError,
+                MigrationChangedError,
+                UnknownMigrationError,
+            ) as exc:
                 refused = exc  # listed all the same: the listing is what shows the damage
             backend = store._connected()  # the CLI is part of the package: its own backend
             records = await backend.read(

@@ -741,10 +741,16 @@ def test_migrate_status_lists_pending_then_applied(
             "recorded as failed",
         ),
         (
-            f"UPDATE {TRACKING_TABLE} SET checksum = x'00' WHERE version = 1",
+            f"UPDATE {TRACKING_TABLE} SET checksum = zeroblob(48) WHERE version = 1",
             1,
             "changed",
             "checksum",
+        ),
+        (
+            f"UPDATE {TRACKING_TABLE} SET checksum = x'00' WHERE version = 1",
+            1,
+            "unreadable",
+            "expected the SHA-384 of 0001_init.sql",
         ),
         (
             f"INSERT INTO {TRACKING_TABLE} VALUES (99, 'from the future', "
@@ -754,7 +760,7 @@ def test_migrate_status_lists_pending_then_applied(
             "newer release",
         ),
     ],
-    ids=["failed", "changed", "unknown"],
+    ids=["failed", "changed", "unreadable", "unknown"],
 )
 @pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
 def test_migrate_status_lists_a_history_it_refuses(

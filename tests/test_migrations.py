@@ -289,6 +289,24 @@ async def test_a_history_it_cannot_vouch_for_is_refused_before_the_file_changes(
     assert sorted(p.name for p in db_path.parent.iterdir()) == [db_path.name]
 
 
+@pytest.mark.parametrize("blob", ["x'00'", "zeroblob(32)", "x''"])
+async def test_a_checksum_cell_that_is_no_sha384_is_a_corrupt_row_with_its_repair(
+    db_path: Path, blob: str
+) -> None:
+    """A checksum blob of another length than a SHA-384 was edited in the database, not in
+    the migration file (which still hashes to 48 bytes): a CorruptRowError naming the cell,
+    not "restore the file". Its UPDATE, followed as written, makes the database sound."""
+    with raw_db(db_path) as conn:
+        conn.execute(f"UPDATE {TRACKING} SET checksum = {blob} WHERE version = 1")
+    with pytest.raises(CorruptRowError) as caught:
+        await Store.connect(db_path)
+    assert "checksum" in str(caught.value)
+    assert "0001_init.sql, 48 bytes" in str(caught.value)
+    follow_advice(db_path, caught.value, r"write back this release's checksum \((UPDATE .*?)\)")
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+
+
 async def test_a_column_dropped_from_the_tracking_table_is_named_with_its_repair(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
