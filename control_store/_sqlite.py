@@ -1968,10 +1968,45 @@ def _integrity_lines(result: str) -> list[str]:
 _DATABASE_HEADING: Final = re.compile(r"\*\*\* in database \S+ \*\*\*$")
 
 
-def integrity_repair(line: str) -> str:
-    """The finding for one line of PRAGMA integrity_check, ending with its repair."""
+def _unique_keys(conn: sqlite3.Connection) -> dict[str, tuple[str, str]]:
+    """Each UNIQUE index (a primary key's included) by name: its table and its columns, joined
+    by commas; {} if the schema cannot be read that far (the damage reaches it)."""
+    keys: dict[str, tuple[str, str]] = {}
+    try:
+        tables = [t for (t,) in conn.execute(SELECT_TABLE_NAMES)]
+        for table in tables:
+            for _, index, unique, *_ in conn.execute(f"PRAGMA index_list({_quoted(table)})"):
+                if unique:
+                    info = conn.execute(f"PRAGMA index_info({_quoted(index)})").fetchall()
+                    keys[index] = (table, ", ".join(str(row[2]) for row in info))
+    except sqlite3.DatabaseError:
+        return {}
+    return keys
+
+
+SELECT_TABLE_NAMES: Final = "SELECT name FROM sqlite_schema WHERE type = 'table'"
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def integrity_repair(line: str, unique: dict[str, tuple[str, str]] | None = None) -> str:
+    """The finding for one line of PRAGMA integrity_check, ending with its repair. ``unique``:
+    the UNIQUE indexes' tables and columns (see _unique_keys), for an index of them."""
     if match := _INDEX_ENTRIES.search(line):
         fix = f"rebuild the index: REINDEX {match[1]}"
+        if unique and match[1] in unique:
+            # The index may have lost the entry of a second row holding a key: REINDEX then
+            # fails with "UNIQUE constraint failed" until one of them is gone.
+            table, columns = unique[match[1]]
+            fix += (
+                f" (if that fails with 'UNIQUE constraint failed', two rows hold one key: list "
+                f"them with SELECT rowid, {columns} FROM {table} NOT INDEXED WHERE ({columns}) "
+                f"IN (SELECT {columns} FROM {table} NOT INDEXED GROUP BY {columns} HAVING "
+                f"count(*) > 1), delete the one that should not exist by its rowid, then "
+                f"REINDEX {match[1]} again)"
+            )
     elif match := _NOT_UNIQUE.search(line):
         fix = (
             f"two rows hold the same key of index {match[1]}: delete the one that should not "
@@ -2231,10 +2266,15 @@ def op_check(conn: sqlite3.Connection) -> list[Problem]:
 
     with _read_snapshot(conn):
         try:
-            for (result,) in conn.execute("PRAGMA integrity_check"):
-                if result != "ok":
-                    for line in _integrity_lines(result):
-                        found("database", "", integrity_repair(line))
+            lines = [
+                line
+                for (result,) in conn.execute("PRAGMA integrity_check")
+                if result != "ok"
+                for line in _integrity_lines(result)
+            ]
+            unique = _unique_keys(conn) if lines else {}
+            for line in lines:
+                found("database", "", integrity_repair(line, unique))
         except sqlite3.DatabaseError as exc:  # damage so deep the check itself cannot run
             found("database", "", f"SQLite integrity check failed: {exc}; {_RESTORE}")
     if problems:

@@ -188,6 +188,63 @@ async def test_check_reports_a_damaged_file(db_path: Path) -> None:
     assert any(p.table == "database" and "integrity check" in p.message for p in problems)
 
 
+def _second_row_for_a_key(path: Path, job_id: str) -> None:
+    """Behind SQLite's back: a second jobs row with ``job_id``, which the primary key's index
+    never got (the index is taken out of the schema for the INSERT, then put back)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        table_sql, index_row = conn.execute(
+            "SELECT (SELECT sql FROM sqlite_schema WHERE name = 'jobs'), "
+            "(SELECT rootpage FROM sqlite_schema WHERE name = 'sqlite_autoindex_jobs_1')"
+        ).fetchone()
+        conn.execute("PRAGMA writable_schema = ON")
+        loose = table_sql.replace("PRIMARY KEY NOT NULL", "NOT NULL", 1)
+        conn.execute("UPDATE sqlite_schema SET sql = ? WHERE name = 'jobs'", (loose,))
+        conn.execute("DELETE FROM sqlite_schema WHERE name = 'sqlite_autoindex_jobs_1'")
+    finally:
+        conn.close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("INSERT INTO jobs SELECT * FROM jobs WHERE id = ?", (job_id,))
+        conn.execute("PRAGMA writable_schema = ON")
+        conn.execute("UPDATE sqlite_schema SET sql = ? WHERE name = 'jobs'", (table_sql,))
+        conn.execute(
+            "INSERT INTO sqlite_schema VALUES "
+            "('index', 'sqlite_autoindex_jobs_1', 'jobs', ?, NULL)",
+            (index_row,),
+        )
+    finally:
+        conn.close()
+
+
+async def test_a_key_held_twice_is_found_and_its_repair_works_as_written(db_path: Path) -> None:
+    """A unique index missing the entry of a second row with one key: REINDEX alone fails
+    ("UNIQUE constraint failed"), so the finding also says how to list the two rows; deleting
+    the extra by its rowid, then REINDEX, as written, makes the database sound."""
+    async with Store.connect(db_path) as store:
+        run = make_run(job_count=2)
+        await store.insert_run(run)
+        jobs = make_jobs(run)
+        await store.insert_jobs(jobs)
+    _second_row_for_a_key(db_path, str(jobs[0].id))
+    async with Store.connect(db_path, migrate=False) as store:
+        problems = await store.check()
+    # "row 3 missing from index ...", then "wrong # of entries in index ...": the same repair.
+    findings = [p.message for p in problems if "sqlite_autoindex_jobs_1" in p.message]
+    assert findings
+    listing = re.search(r"list them with (SELECT .*?\)), delete", findings[0])
+    assert listing is not None, findings[0]
+    with raw_db(db_path) as conn:
+        with pytest.raises(sqlite3.IntegrityError, match="UNIQUE constraint failed"):
+            conn.execute("REINDEX sqlite_autoindex_jobs_1")
+        rows = conn.execute(listing[1]).fetchall()
+        assert [row[1] for row in rows] == [str(jobs[0].id)] * 2
+        conn.execute("DELETE FROM jobs WHERE rowid = ?", (max(row[0] for row in rows),))
+        conn.execute("REINDEX sqlite_autoindex_jobs_1")
+    async with Store.connect(db_path, migrate=False) as store:
+        assert await store.check() == []
+
+
 async def test_damaged_pages_are_a_finding_each(db_path: Path) -> None:
     """SQLite reports damaged pages in one row of several lines under a "*** in database
     main ***" heading: check() makes each line a finding of its own, one line of text each,
