@@ -410,6 +410,16 @@ class DemoRunning(Exception):
         self.pid = pid
 
 
+class DemoLockFailed(Exception):
+    """The demo's lock file could not be made or locked (a name too long, a read-only
+    directory)."""
+
+    def __init__(self, path: str, error: OSError) -> None:
+        super().__init__(path, error)
+        self.path = path
+        self.error = error
+
+
 @contextlib.contextmanager
 def only_demo_on(path: str) -> Iterator[None]:
     """Hold, for the whole demo, an exclusive lock on ``path``'s demo lock file (the database's
@@ -420,20 +430,27 @@ def only_demo_on(path: str) -> Iterator[None]:
     queued runs is no guard, since both may look before either submits. The lock is flock's:
     the kernel lets it go when its process ends, however it ends, so one left by a killed demo
     blocks nobody. The file is removed on the way out, still locked: a demo that had opened it
-    meanwhile then finds it gone from the path, and locks a new one.
+    meanwhile then finds it gone from the path, and locks a new one. Beside the file itself,
+    symlinks resolved: every name of one database shares one lock.
     """
     if sys.platform == "win32":  # no flock; and the demo's signals are POSIX's anyway
         yield
         return
-    lock_path = f"{path}-demo.lock"
+    lock_path = f"{os.path.realpath(path)}-demo.lock"
     while True:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise DemoLockFailed(lock_path, exc) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
             os.close(fd)
             raise DemoRunning(int(holder) if holder.isdigit() else None) from None
+        except OSError as exc:
+            os.close(fd)
+            raise DemoLockFailed(lock_path, exc) from exc
         except BaseException:
             os.close(fd)
             raise

@@ -131,6 +131,8 @@ RELEASE_RUN: Final = "UPDATE runs SET status = 'queued' WHERE id = ? AND status 
 SELECT_LATEST_JOB: Final = (
     "SELECT 1 FROM (SELECT id FROM jobs ORDER BY rowid DESC LIMIT ?) WHERE id = ?"
 )
+SELECT_LARGEST_JOB_ROWID: Final = "SELECT max(rowid) FROM jobs"
+_LARGEST_ROWID: Final = 2**63 - 1
 
 # The record's guard: only a job of this run that is not yet done changes, so a redelivered
 # outcome (at-least-once delivery) changes nothing and the first delivery wins.
@@ -1664,10 +1666,17 @@ def _insert_jobs(
         if failed is not None and name == "SQLITE_CONSTRAINT_PRIMARYKEY":
             if with_run is not None:
                 raise _job_id_taken(failed[0], with_run, conn) from exc
-            if _inserted_by_this_call(failed[0], sum(per_run().values()) - 1, conn):
+            twice = _inserted_by_this_call(failed[0], sum(per_run().values()) - 1, conn)
+            if twice:
                 raise AlreadyExistsError(
                     f"job {failed[0]} is given twice in this call's jobs; no job of this call "
                     "was inserted: give each job its own id (Job(...) makes one by default)"
+                ) from exc
+            if twice is None:
+                raise AlreadyExistsError(
+                    f"job {failed[0]} already exists, or is given twice in this call's jobs; no "
+                    "job of this call was inserted: give each job its own id, and drop a job "
+                    "stored before from the batch"
                 ) from exc
             raise AlreadyExistsError(
                 f"job {failed[0]} already exists; no job of this call was inserted: drop it "
@@ -1686,12 +1695,16 @@ def _insert_jobs(
     return counts
 
 
-def _inserted_by_this_call(job_id: str, inserted: int, conn: sqlite3.Connection) -> bool:
+def _inserted_by_this_call(job_id: str, inserted: int, conn: sqlite3.Connection) -> bool | None:
     """Whether ``job_id`` is one of the ``inserted`` jobs this call inserted before the one that
     failed (given twice, not stored before): SQLite gives a new row the table's largest rowid
-    plus one, so they are the table's last rows, still there in the call's transaction."""
+    plus one, so they are the table's last rows, still there in the call's transaction. None:
+    no telling, once a row holds the largest rowid there is (SQLite then picks them at
+    random)."""
     if inserted <= 0:
         return False
+    if conn.execute(SELECT_LARGEST_JOB_ROWID).fetchone()[0] == _LARGEST_ROWID:
+        return None
     return conn.execute(SELECT_LATEST_JOB, (inserted, job_id)).fetchone() is not None
 
 

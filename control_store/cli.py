@@ -128,6 +128,11 @@ class Terminal:
         codec = getattr(stream, "encoding", None) or "ascii"
         return cls(stream, tty, unicode, color, width, "utf-8" if unicode else codec)
 
+    @property
+    def ellipsis(self) -> str:
+        """What ends a cut cell: "…" where the stream shows it, "..." (not its escape) else."""
+        return "…" if self.unicode else "..."
+
     def shown(self, text: str) -> str:
         """``text`` as this stream shows it: what its encoding cannot hold as the backslash
         escapes _tolerant has it write, so that a table measures what is printed."""
@@ -288,15 +293,16 @@ def _escape_unsafe(match: re.Match[str]) -> str:
 
 def _columns(text: str) -> int:
     """How many terminal columns ``text`` takes: two for an East Asian wide or fullwidth
-    character (CJK, most emoji), none for a combining mark, one for any other (the characters
-    that draw as nothing are escapes by now: see _printable)."""
+    character (CJK, most emoji), none for a non-spacing or enclosing mark (U+0301, Thai and
+    Devanagari vowel signs), one for any other (the characters that draw as nothing are
+    escapes by now: see _printable)."""
     if text.isascii():
         return len(text)
     return sum(_char_columns(char) for char in text)
 
 
 def _char_columns(char: str) -> int:
-    if unicodedata.combining(char) or unicodedata.category(char) == "Me":
+    if unicodedata.category(char) in ("Mn", "Me"):  # non-spacing and enclosing marks
         return 0
     return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
 
@@ -306,19 +312,21 @@ def _pad(text: str, width: int) -> str:
     return text + " " * (width - _columns(text))
 
 
-def _clip(text: str, width: int) -> str:
-    """``text`` cut to ``width`` columns, an ellipsis ending what was cut."""
+def _clip(text: str, width: int, ellipsis: str = "…") -> str:
+    """``text`` cut to ``width`` columns, ``ellipsis`` (one column wide or more: "..." for a
+    stream that cannot show "…") ending what was cut."""
     if _columns(text) <= width:
         return text
-    if width <= 1:
+    room = width - _columns(ellipsis)
+    if room < 0:
         return text[:width] if text.isascii() else ""
     kept, used = [], 0
     for char in text:
         used += _char_columns(char)
-        if used > width - 1:
+        if used > room:
             break
         kept.append(char)
-    return "".join(kept) + "…"
+    return "".join(kept) + ellipsis
 
 
 def _table(
@@ -342,7 +350,9 @@ def _table(
         heading = "  ".join(_pad(h, w) for h, w in zip(header, widths, strict=True)).rstrip()
         term.print(term.paint(heading, "1"))
     for row in rows:
-        cells = [_pad(_clip(cell, w), w) for cell, w in zip(row, widths, strict=True)]
+        cells = [
+            _pad(_clip(cell, w, term.ellipsis), w) for cell, w in zip(row, widths, strict=True)
+        ]
         status = row[1] if len(row) > 1 else ""
         cells[1] = term.paint(cells[1], _STATUS_COLOR.get(status, "0"))
         term.print("  ".join(cells).rstrip())
@@ -707,7 +717,7 @@ def _runs_table(
             run.status.value,
             f"{out.bar(run.done_count, run.job_count)} {_fraction(run)}",
             _age(run.created_at, now),
-            _clip(_printable(run.manifest), 40 if out.tty else out.width),
+            _clip(_printable(run.manifest), 40 if out.tty else out.width, out.ellipsis),
         ]
         for run in runs
     ]
@@ -922,7 +932,7 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
         out.print()
         out.print("most common errors:")
         for error, n in errors.most_common(5):
-            out.print(f"  {n:>6,}  {_clip(_printable(error), out.width - 10)}")
+            out.print(f"  {n:>6,}  {_clip(_printable(error), out.width - 10, out.ellipsis)}")
         if untallied:
             out.print(
                 f"  {untallied:>6,}  more, not tallied by message: only the first "
@@ -1031,6 +1041,10 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
             args.demo_stage = "finished"
             progress.finish()
             checks = await _demo.verify(store, config, runs, result)
+            if not all(c.ok for c in checks):
+                # A scheduler process that failed left its runs 'running': verified as they
+                # were, then queued again, as for a stopped demo (every process has ended).
+                args.demo_requeued = await _requeue_stranded(args, store, runs)
     ok = all(c.ok for c in checks)
     snap = result.snapshot
     if args.json:
@@ -1055,10 +1069,18 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
     if ok:
         return EXIT_OK
     failed = "; ".join(c.name for c in checks if not c.ok)
-    _complain(f"{PROG}: error: demo invariant failed: {failed}")
+    retry = any(r.retryable for r in result.reports)
+    again = ""
+    if retry:
+        # The file now holds this demo's unfinished runs, queued: a retry needs another file.
+        again = (
+            "; a scheduler stopped on an error a retry may cure: run the demo again on a new "
+            f"file, {_fresh_demo_command(_sqlite.parse_url(config.url))}"
+        )
+    _complain(f"{PROG}: error: demo invariant failed: {failed}{again}")
     # A scheduler stopped by what a retry may cure (a lock held past --busy-timeout, a full
     # disk): exit as any command failing so does.
-    return EXIT_RETRY if any(r.retryable for r in result.reports) else EXIT_FAILURE
+    return EXIT_RETRY if retry else EXIT_FAILURE
 
 
 # The demo's sizes, bounded by what a demo is for: a fleet at work on one machine, watched for
@@ -1155,6 +1177,12 @@ def _only_demo(args: argparse.Namespace, url: str) -> Iterator[None]:
     try:
         with _demo.only_demo_on(path):
             yield
+    except _demo.DemoLockFailed as failed:
+        raise Failure(
+            f"the demo cannot make its lock file {str(failed.path)!r} beside the database "
+            f"({failed.error.strerror or failed.error}), which keeps a second demo off it: "
+            "give the demo a database in a directory it may write, with a shorter name"
+        ) from failed.error
     except _demo.DemoRunning as running:
         holder = "" if running.pid is None else f" (process {running.pid})"
         raise Failure(
@@ -1230,7 +1258,9 @@ class _Progress:
         if not self._enabled:
             return
         if self._out.tty:
-            self._out.write("\r\x1b[K" + _clip(self._line(snap), self._out.width - 1))
+            self._out.write(
+                "\r\x1b[K" + _clip(self._line(snap), self._out.width - 1, self._out.ellipsis)
+            )
             self._out.flush()
             self._shown = True
         elif snap.elapsed - self._last_line >= 1.0:

@@ -1503,7 +1503,11 @@ def _columns_before(line: str, text: str) -> int:
     a combining one."""
     before = line[: line.index(text)]
     return sum(
-        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        0
+        if unicodedata.category(c) in ("Mn", "Me")
+        else 2
+        if unicodedata.east_asian_width(c) in "WF"
+        else 1
         for c in before
     )
 
@@ -1515,7 +1519,12 @@ def test_runs_aligns_wide_and_combining_characters_by_the_columns_they_take(
     """A manifest in CJK (two columns a character) or with a combining accent (none) keeps the
     next column in line, on a UTF-8 stream and on an ASCII one (where each is an escape)."""
     path = tmp_path / "wide.db"
-    models = {"plain.yaml": "alpha", "日本語の評価.yaml": "beta", "e\u0301vals.yaml": "gamma"}
+    models = {
+        "plain.yaml": "alpha",
+        "日本語の評価.yaml": "beta",
+        "e\u0301vals.yaml": "gamma",
+        "ที่นี่.yaml": "delta",  # Thai vowel and tone marks: non-spacing, of combining class 0
+    }
 
     async def populate() -> None:
         async with Store.connect(path) as store:
@@ -1530,17 +1539,21 @@ def test_runs_aligns_wide_and_combining_characters_by_the_columns_they_take(
         check=True,
     )
     header, *rows = done.stdout.decode(encoding).splitlines()
-    assert len(rows) == 3
+    assert len(rows) == 4
     newest_first = reversed(models.values())
     starts = {_columns_before(row, model) for row, model in zip(rows, newest_first, strict=True)}
     assert starts == {_columns_before(header, "MODELS")}
 
 
 def test_clip_cuts_by_columns() -> None:
-    """A cell cut to fit takes at most its width in columns, wide characters counted twice."""
+    """A cell cut to fit takes at most its width in columns, wide characters counted twice,
+    marks none, and the ellipsis as wide as it is shown ("..." where "…" cannot be)."""
     assert cli._clip("日本語の評価", 7) == "日本語…"
     assert cli._clip("abcdef", 4) == "abc…"
+    assert cli._clip("abcdefgh", 6, "...") == "abc..."
     assert cli._clip("e\u0301e\u0301e\u0301", 3) == "e\u0301e\u0301e\u0301"  # 3 columns
+    assert cli._columns("ที่นี่") == 2  # two consonants, four marks
+    assert cli._columns("हिंदी") == 4  # ह, ि and ी spacing (Mc), ं not (Mn), द
 
 
 def test_python_dash_m_runs_the_command(populated: tuple[Path, Run, Run]) -> None:
@@ -1699,6 +1712,27 @@ def test_demo_refuses_a_database_another_demo_is_running_on(
     assert not (tmp_path / "shared.db-demo.lock").exists()
 
 
+def test_every_name_of_one_database_shares_the_demo_lock(tmp_path: Path) -> None:
+    """A symlink to the database is the same database: its demo lock is the file's."""
+    (tmp_path / "real.db").touch()
+    (tmp_path / "alias.db").symlink_to(tmp_path / "real.db")
+    with demo.only_demo_on(str(tmp_path / "real.db")):
+        lock = demo.only_demo_on(str(tmp_path / "alias.db"))
+        with pytest.raises(demo.DemoRunning):
+            lock.__enter__()
+
+
+def test_a_demo_that_cannot_make_its_lock_file_says_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A database name SQLite takes, but too long for "-demo.lock" beside it: one line naming
+    the lock file, not a traceback."""
+    path = tmp_path / ("x" * 243 + ".db")
+    result = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
+    assert_one_line_error(result, "cannot make its lock file", "-demo.lock", "File name too long")
+    assert _stored_runs(path) == []
+
+
 def test_a_lock_file_left_by_a_killed_demo_blocks_no_demo(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -1777,12 +1811,40 @@ def test_a_fleet_stopped_by_a_retryable_error_exits_3(
         return demo.FleetResult(_snapshot(0, 0.1), reports, exit_codes)
 
     monkeypatch.setattr(demo, "run_fleet", locked_fleet)
-    code, out, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(tmp_path / "x.db"))
+    path = tmp_path / "x.db"
+    code, out, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
     assert code == (3 if retryable else 1)
     assert "✗ every scheduler process finished cleanly" in out
     assert "is locked" in out
     (line,) = err.splitlines()
     assert line.startswith("control-store: error: demo invariant failed: every scheduler process")
+    # The demo's runs are queued, so a retry on this file would be refused: it names another.
+    retry = f"run the demo again on a new file, 'control-store demo --url {tmp_path / 'x-demo.db'}'"
+    assert (retry in line) == retryable
+
+
+def test_a_failed_fleet_queues_again_the_runs_its_schedulers_held(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scheduler process that died on an error left its claimed run 'running': the demo
+    verifies the database as it was (the run is not done), then queues it again."""
+
+    async def dying_fleet(config: demo.DemoConfig, on_progress: object) -> demo.FleetResult:
+        async with Store.connect(config.url) as scheduler:
+            claimed = await scheduler.claim_next_run()
+        assert claimed is not None
+        report = demo.ProcessReport(claimed=[str(claimed.id)], error="it died")
+        reports = [report, *(demo.ProcessReport() for _ in range(config.processes - 1))]
+        exit_codes: list[int | None] = [1]
+        exit_codes += [0] * (config.processes - 1)
+        return demo.FleetResult(_snapshot(0, 0.1), reports, exit_codes)
+
+    monkeypatch.setattr(demo, "run_fleet", dying_fleet)
+    path = tmp_path / "died.db"
+    code, out, _ = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
+    assert code == 1
+    assert "✗ every run done with done_count == job count" in out
+    assert _run_statuses(path) == {"queued": 3}
 
 
 async def test_a_scheduler_dispatches_a_run_a_page_at_a_time(store: Store) -> None:

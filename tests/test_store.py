@@ -35,7 +35,7 @@ from control_store import (
     _sqlite,
 )
 
-from conftest import group_in_flight, make_jobs, make_run, query_plan
+from conftest import group_in_flight, make_jobs, make_run, query_plan, raw_db
 
 
 async def test_insert_then_get_run(store: Store) -> None:
@@ -380,6 +380,24 @@ async def test_a_job_given_twice_in_one_batch_is_told_so(store: Store, first: in
     assert await store.list_jobs(run.id) == []
     await store.insert_jobs(jobs)  # the fix: each job once
     assert await store.list_jobs(run.id) == jobs
+
+
+async def test_a_duplicate_past_the_largest_rowid_is_told_as_either(db_path: Path) -> None:
+    """Once a jobs row holds the largest rowid there is, SQLite picks new rowids at random, and
+    the rows a call inserted can no longer be told by them: the refusal names both causes."""
+    run = make_run(job_count=4)
+    jobs = make_jobs(run, 4)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+        await store.insert_jobs(jobs[:1])
+        with raw_db(db_path) as conn:
+            conn.execute("UPDATE jobs SET rowid = 9223372036854775807")
+        with pytest.raises(AlreadyExistsError) as caught:
+            await store.insert_jobs([jobs[1], jobs[0]])
+        assert str(caught.value).startswith(
+            f"job {jobs[0].id} already exists, or is given twice in this call's jobs;"
+        )
+        assert await store.list_jobs(run.id) == jobs[:1]
 
 
 async def test_in_one_group_commit_a_job_twice_is_told_apart_from_another_calls(
