@@ -832,6 +832,13 @@ def _corrupt_row(path: Path) -> str:
     return str(path)
 
 
+def _emptied_history(path: Path) -> str:
+    """The schema and the rows, but every migration's row deleted by hand."""
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute(f"DELETE FROM {TRACKING_TABLE}")
+    return str(path)
+
+
 def _newer_schema(path: Path) -> str:
     with contextlib.closing(sqlite3.connect(path)) as conn, conn:
         conn.execute(
@@ -862,6 +869,11 @@ def _newer_schema(path: Path) -> str:
             ["not a control_store database", "'notes'", "left untouched"],
         ),
         (["runs"], _corrupt_row, ["runs.models", "{oops", "repair"]),
+        (
+            ["check"],
+            _emptied_history,
+            ["has the tables jobs, runs but an empty migration history", "put the rows back"],
+        ),
         (["show", str(uuid.uuid4())], _newer_schema, ["migration 999", "upgrade"]),
         (["migrate"], _newer_schema, ["migration 999", "upgrade"]),
     ],
@@ -877,6 +889,7 @@ def _newer_schema(path: Path) -> str:
         "migrate-foreign",
         "migrate-status-foreign",
         "corrupt-row",
+        "emptied-history",
         "newer-schema-show",
         "newer-schema-migrate",
     ],
