@@ -2041,7 +2041,7 @@ class _Part:
     """A table or index of the schema, as check() compares it between this release's schema
     and a database's. Names in lower case (SQLite's names ignore case). ``columns``: a
     table's (name, type, NOT NULL, default, primary key position), or the columns an index
-    keys; ``keys``: a table's foreign keys (column, table, column); ``flags``: an index's
+    keys; ``keys``: a table's foreign keys (column, table, column, actions); ``flags``: an index's
     (UNIQUE, partial)."""
 
     kind: str
@@ -2049,7 +2049,7 @@ class _Part:
     table: str
     sql: str
     columns: tuple[tuple[object, ...], ...]
-    keys: tuple[tuple[str, str, str], ...]
+    keys: tuple[tuple[str, str, str, str], ...]
     flags: tuple[object, ...]
 
     @property
@@ -2057,7 +2057,9 @@ class _Part:
         return [column[0] for column in self.columns]
 
 
-_Shape = tuple[tuple[tuple[object, ...], ...], tuple[tuple[str, str, str], ...], tuple[object, ...]]
+_Shape = tuple[
+    tuple[tuple[object, ...], ...], tuple[tuple[str, str, str, str], ...], tuple[object, ...]
+]
 
 
 @cache
@@ -2106,10 +2108,17 @@ def _shape(conn: sqlite3.Connection, kind: str, name: str, table: str) -> _Shape
         for row in conn.execute(SELECT_COLUMNS, (name,))
     )
     keys = tuple(
-        (str(row[3]).lower(), str(row[2]).lower(), str(row[4]).lower())
+        (str(row[3]).lower(), str(row[2]).lower(), str(row[4]).lower(), _key_actions(row))
         for row in conn.execute(SELECT_FOREIGN_KEYS, (name,))
     )
     return columns, keys, ()
+
+
+def _key_actions(row: Sequence[object]) -> str:
+    """A foreign key's ON UPDATE and ON DELETE actions, as its CREATE TABLE would spell them
+    ("" for none): ON DELETE CASCADE would delete a run's jobs with the run."""
+    actions = [f"ON {when} {what}" for when, what in (("UPDATE", row[5]), ("DELETE", row[6]))]
+    return " ".join(action for action in actions if not action.endswith("NO ACTION"))
 
 
 def _column_text(column: tuple[object, ...]) -> str:
@@ -2127,10 +2136,9 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
     as made, which the row checks need. What the database has beyond it (a user's own table,
     column, index or trigger) is no finding.
     """
-    have = {
-        str(name).lower(): (kind, str(table).lower())
-        for kind, name, table, _ in conn.execute(SELECT_OBJECTS)
-    }
+    objects = conn.execute(SELECT_OBJECTS).fetchall()
+    have = {str(name).lower(): (kind, str(table).lower()) for kind, name, table, _ in objects}
+    definitions = {str(name).lower(): str(sql or "") for _, name, _, sql in objects}
     ours = {part.name for part in _expected_schema()} | {_migrate.TRACKING_TABLE}
     unsound: set[str] = set()
     # What a table's repair remakes with it: all its indexes, where the table itself is to be
@@ -2209,6 +2217,22 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
                 f"{clear}make it again, empty: {make})"
             )
             continue
+        made = _TABLE_OPTIONS.findall(" ".join(part.sql.split()))
+        options = _TABLE_OPTIONS.findall(" ".join(definitions.get(part.name, "").split()))
+        if sorted(o.upper() for o in options) != sorted(o.upper() for o in made):
+            # WITHOUT ROWID: the store reads and orders every table by rowid, so no row check
+            # could run; STRICT refuses values the store never writes, but a hand edit may.
+            unsound.add(part.name)
+            remade.add(part.name)
+            report(
+                f"table {part.name} is made {' and '.join(options) or 'without options'}, not "
+                f"as this release made it ({' and '.join(made) or 'with no table options'}): a "
+                "table rebuilt by hand; restore the database from a backup (without one, make "
+                f"it again as this release does, {part.sql}, under another name, copy its rows "
+                "over and swap the two, as SQLite's procedure for other table changes does: "
+                "https://sqlite.org/lang_altertable.html#otheralter)"
+            )
+            continue
         columns, keys, _ = _shape(conn, "table", part.name, part.name)
         by_name = {column[0]: column for column in columns}
         strangers = [column[0] for column in columns if column[0] not in part.column_names]
@@ -2246,6 +2270,15 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
                 or key[2] in damaged.get(key[1], ())
             ):
                 continue  # a rename moved it, and renaming back (the finding made) moves it back
+            acting = [other for other in keys if other[:3] == key[:3]]
+            if acting:
+                report(
+                    f"column {part.name}.{key[0]} refers to {key[1]}({key[2]}) "
+                    f"{acting[0][3] or 'with no action'}, where this release made it "
+                    f"{key[3] or 'with no action'} (a table rebuilt by hand); restore the "
+                    "database from a backup"
+                )
+                continue
             now = [other for other in keys if other[0] == key[0]]
             why = (
                 f"it refers to {now[0][1]}({now[0][2]}) instead: renaming a table rewrites the "
@@ -2259,6 +2292,9 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
             )
     return not unsound
 
+
+# A CREATE TABLE's table options, after its closing parenthesis.
+_TABLE_OPTIONS: Final = re.compile(r"\b(WITHOUT ROWID|STRICT)\s*(?:,|;|$)", re.IGNORECASE)
 
 _ROWS_NEED_SCHEMA: Final = (
     "the row-level checks were skipped: they read the tables and columns this release's "

@@ -188,6 +188,56 @@ async def test_check_reports_a_damaged_file(db_path: Path) -> None:
     assert any(p.table == "database" and "integrity check" in p.message for p in problems)
 
 
+@pytest.mark.parametrize("option", ["WITHOUT ROWID", "STRICT"])
+async def test_a_table_rebuilt_with_table_options_is_named(db_path: Path, option: str) -> None:
+    """jobs rebuilt by hand as WITHOUT ROWID (every read of the store orders by rowid) or
+    STRICT: a schema finding naming the option, and the row checks skipped, where check() used
+    to fail blaming a trigger or view of the user's."""
+    async with Store.connect(db_path) as store:
+        run = make_run(job_count=2)
+        await store.insert_run(run)
+        await store.insert_jobs(make_jobs(run))
+    with raw_db(db_path) as conn:
+        (sql,) = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'jobs'").fetchone()
+        conn.execute(sql.replace("CREATE TABLE jobs", "CREATE TABLE j2", 1) + f" {option}")
+        conn.execute("INSERT INTO j2 SELECT * FROM jobs")
+        conn.execute("DROP TABLE jobs")
+        conn.execute("ALTER TABLE j2 RENAME TO jobs")
+        conn.execute("CREATE INDEX idx_jobs_run ON jobs (run_id)")
+    async with Store.connect(db_path, migrate=False) as store:
+        problems = await store.check()
+    messages = [p.message for p in problems]
+    assert any(
+        m.startswith(f"table jobs is made {option}, not as this release made it") for m in messages
+    ), messages
+    assert messages[-1].startswith("the row-level checks were skipped")
+
+
+async def test_a_foreign_key_rebuilt_with_an_action_is_named(db_path: Path) -> None:
+    """jobs.run_id rebuilt by hand with ON DELETE CASCADE (deleting a run would delete its
+    jobs): a finding naming the action and the one this release made, not "no longer refers"."""
+    async with Store.connect(db_path) as store:
+        run = make_run(job_count=2)
+        await store.insert_run(run)
+        await store.insert_jobs(make_jobs(run))
+    with raw_db(db_path) as conn:
+        (sql,) = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'jobs'").fetchone()
+        cascading = sql.replace("REFERENCES runs (id)", "REFERENCES runs (id) ON DELETE CASCADE")
+        assert cascading != sql
+        conn.execute(cascading.replace("CREATE TABLE jobs", "CREATE TABLE j2", 1))
+        conn.execute("INSERT INTO j2 SELECT * FROM jobs")
+        conn.execute("DROP TABLE jobs")
+        conn.execute("ALTER TABLE j2 RENAME TO jobs")
+        conn.execute("CREATE INDEX idx_jobs_run ON jobs (run_id)")
+    async with Store.connect(db_path, migrate=False) as store:
+        problems = await store.check()
+    assert [p.message for p in problems] == [
+        "column jobs.run_id refers to runs(id) ON DELETE CASCADE, where this release made it "
+        "with no action (a table rebuilt by hand); restore the database from a backup",
+        _sqlite._ROWS_NEED_SCHEMA,
+    ]
+
+
 def _second_row_for_a_key(path: Path, job_id: str) -> None:
     """Behind SQLite's back: a second jobs row with ``job_id``, which the primary key's index
     never got (the index is taken out of the schema for the INSERT, then put back)."""
