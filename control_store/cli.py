@@ -908,9 +908,11 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
     async with await _open_existing(args) as store:
         run = await store.get_run(args.run_id)
         if run is None:
+            check = _command("check", *_given_url(args))
             raise NotFoundError(
-                f"no run {args.run_id} in {_shown(args)}; list the runs with "
-                f"{_command('runs', *_given_url(args))}"
+                f"no run {args.run_id} in {_shown(args)} (a row edited to another spelling of "
+                f"the id, upper case say, is not found by it: {check} names such rows); list "
+                f"the runs with {_command('runs', *_given_url(args))}"
             )
         summary = await _summarise(store, run)
     counts, overall, per_model = summary.counts, summary.overall, summary.per_model
