@@ -188,25 +188,32 @@ async def test_check_reports_a_damaged_file(db_path: Path) -> None:
     assert any(p.table == "database" and "integrity check" in p.message for p in problems)
 
 
+async def _jobs_rebuilt(path: Path, remake: Callable[[str], str]) -> list[str]:
+    """A store of one run's two jobs whose jobs table was rebuilt by hand from
+    ``remake(its CREATE TABLE)``, rows and index too; what check() then finds."""
+    async with Store.connect(path) as store:
+        run = make_run(job_count=2)
+        await store.insert_run(run)
+        await store.insert_jobs(make_jobs(run))
+    with raw_db(path) as conn:
+        (sql,) = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'jobs'").fetchone()
+        remade = remake(sql)
+        assert remade != sql
+        conn.execute(remade.replace("CREATE TABLE jobs", "CREATE TABLE j2", 1))
+        conn.execute("INSERT INTO j2 SELECT * FROM jobs")
+        conn.execute("DROP TABLE jobs")
+        conn.execute("ALTER TABLE j2 RENAME TO jobs")
+        conn.execute("CREATE INDEX idx_jobs_run ON jobs (run_id)")
+    async with Store.connect(path, migrate=False) as store:
+        return [p.message for p in await store.check()]
+
+
 @pytest.mark.parametrize("option", ["WITHOUT ROWID", "STRICT"])
 async def test_a_table_rebuilt_with_table_options_is_named(db_path: Path, option: str) -> None:
     """jobs rebuilt by hand as WITHOUT ROWID (every read of the store orders by rowid) or
     STRICT: a schema finding naming the option, and the row checks skipped, where check() used
     to fail blaming a trigger or view of the user's."""
-    async with Store.connect(db_path) as store:
-        run = make_run(job_count=2)
-        await store.insert_run(run)
-        await store.insert_jobs(make_jobs(run))
-    with raw_db(db_path) as conn:
-        (sql,) = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'jobs'").fetchone()
-        conn.execute(sql.replace("CREATE TABLE jobs", "CREATE TABLE j2", 1) + f" {option}")
-        conn.execute("INSERT INTO j2 SELECT * FROM jobs")
-        conn.execute("DROP TABLE jobs")
-        conn.execute("ALTER TABLE j2 RENAME TO jobs")
-        conn.execute("CREATE INDEX idx_jobs_run ON jobs (run_id)")
-    async with Store.connect(db_path, migrate=False) as store:
-        problems = await store.check()
-    messages = [p.message for p in problems]
+    messages = await _jobs_rebuilt(db_path, lambda sql: f"{sql} {option}")
     assert any(
         m.startswith(f"table jobs is made {option}, not as this release made it") for m in messages
     ), messages
@@ -216,22 +223,11 @@ async def test_a_table_rebuilt_with_table_options_is_named(db_path: Path, option
 async def test_a_foreign_key_rebuilt_with_an_action_is_named(db_path: Path) -> None:
     """jobs.run_id rebuilt by hand with ON DELETE CASCADE (deleting a run would delete its
     jobs): a finding naming the action and the one this release made, not "no longer refers"."""
-    async with Store.connect(db_path) as store:
-        run = make_run(job_count=2)
-        await store.insert_run(run)
-        await store.insert_jobs(make_jobs(run))
-    with raw_db(db_path) as conn:
-        (sql,) = conn.execute("SELECT sql FROM sqlite_schema WHERE name = 'jobs'").fetchone()
-        cascading = sql.replace("REFERENCES runs (id)", "REFERENCES runs (id) ON DELETE CASCADE")
-        assert cascading != sql
-        conn.execute(cascading.replace("CREATE TABLE jobs", "CREATE TABLE j2", 1))
-        conn.execute("INSERT INTO j2 SELECT * FROM jobs")
-        conn.execute("DROP TABLE jobs")
-        conn.execute("ALTER TABLE j2 RENAME TO jobs")
-        conn.execute("CREATE INDEX idx_jobs_run ON jobs (run_id)")
-    async with Store.connect(db_path, migrate=False) as store:
-        problems = await store.check()
-    assert [p.message for p in problems] == [
+    cascade = "REFERENCES runs (id) ON DELETE CASCADE"
+    messages = await _jobs_rebuilt(
+        db_path, lambda sql: sql.replace("REFERENCES runs (id)", cascade)
+    )
+    assert messages == [
         "column jobs.run_id refers to runs(id) ON DELETE CASCADE, where this release made it "
         "with no action (a table rebuilt by hand); restore the database from a backup",
         _sqlite._ROWS_NEED_SCHEMA,

@@ -1805,6 +1805,15 @@ def test_demo_exits_1_when_the_fleet_did_nothing(
     ]
 
 
+def _first_process_failed(config: demo.DemoConfig, report: demo.ProcessReport) -> demo.FleetResult:
+    """A fleet whose first scheduler process exited 1 with ``report``, the others with nothing
+    done, and nothing recorded."""
+    reports = [report, *(demo.ProcessReport() for _ in range(config.processes - 1))]
+    exit_codes: list[int | None] = [1]
+    exit_codes += [0] * (config.processes - 1)
+    return demo.FleetResult(_snapshot(0, 0.1), reports, exit_codes)
+
+
 @pytest.mark.parametrize("retryable", [True, False])
 def test_a_fleet_stopped_by_a_retryable_error_exits_3(
     capsys: pytest.CaptureFixture[str],
@@ -1817,11 +1826,7 @@ def test_a_fleet_stopped_by_a_retryable_error_exits_3(
 
     async def locked_fleet(config: demo.DemoConfig, on_progress: object) -> demo.FleetResult:
         error = "sqlite://x.db is locked: another connection held a lock on it"
-        reports = [demo.ProcessReport(error=error, retryable=retryable)]
-        reports += [demo.ProcessReport() for _ in range(config.processes - 1)]
-        exit_codes: list[int | None] = [1]
-        exit_codes += [0] * (config.processes - 1)
-        return demo.FleetResult(_snapshot(0, 0.1), reports, exit_codes)
+        return _first_process_failed(config, demo.ProcessReport(error=error, retryable=retryable))
 
     monkeypatch.setattr(demo, "run_fleet", locked_fleet)
     path = tmp_path / "x.db"
@@ -1847,10 +1852,7 @@ def test_a_failed_fleet_queues_again_the_runs_its_schedulers_held(
             claimed = await scheduler.claim_next_run()
         assert claimed is not None
         report = demo.ProcessReport(claimed=[str(claimed.id)], error="it died")
-        reports = [report, *(demo.ProcessReport() for _ in range(config.processes - 1))]
-        exit_codes: list[int | None] = [1]
-        exit_codes += [0] * (config.processes - 1)
-        return demo.FleetResult(_snapshot(0, 0.1), reports, exit_codes)
+        return _first_process_failed(config, report)
 
     monkeypatch.setattr(demo, "run_fleet", dying_fleet)
     path = tmp_path / "died.db"
