@@ -21,7 +21,6 @@ import multiprocessing
 import os
 import random
 import signal
-import sqlite3
 import sys
 import threading
 import time
@@ -593,15 +592,11 @@ async def requeue_stranded(store: Store, runs: Sequence[Run]) -> int:
     is gone (run_fleet ends them all before it returns or raises): nobody works on them now.
     README's recipe for the runs of a dead scheduler, with its guard, on the demo's own runs
     only. Returns how many it queued."""
-    ids = [_codec.uuid_text(run.id) for run in runs]
-
-    def requeue(conn: sqlite3.Connection) -> int:
-        return sum(conn.execute(_sqlite.RELEASE_RUN, (run_id,)).rowcount for run_id in ids)
-
     backend = store._backend  # the demo is part of the package: the backend is its own
-    if backend is None or not ids:
+    if backend is None or not runs:
         return 0
-    return await backend.write(requeue)
+    # A cancelled claim's give-back: the same guarded UPDATE, on the demo's runs.
+    return await backend.write(_sqlite.GiveBack([_codec.uuid_text(run.id) for run in runs]))
 
 
 def _receive(pipe: Connection, current: ProcessReport | None) -> ProcessReport | None:

@@ -1497,11 +1497,11 @@ def migration_status(conn: sqlite3.Connection, *, database: str) -> list[Migrati
     """Every known migration with when it was applied (None: pending); checks them too."""
     known = _migrate.load_migrations("sqlite")
     applied = _read_applied(conn, database=database)
-    _migrate.pending(known, applied, database=database)
-    installed: dict[int, str] = {}
-    if applied:
-        installed = {int(v): str(i) for v, _, _, _, i in conn.execute(SELECT_APPLIED)}
-    return [MigrationState(m.version, m.description, installed.get(m.version)) for m in known]
+    _migrate.pending(known, applied, database=database)  # a history it vouches for: all known
+    return [
+        MigrationState(r.version, r.description, r.installed_on)
+        for r in _records(known, applied, conn)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -1522,8 +1522,18 @@ def migration_history(conn: sqlite3.Connection, *, database: str) -> list[Migrat
     also where migration_status refuses the history (a failed, edited or unknown migration):
     what ``control-store migrate --status`` lists beside that refusal. A row that cannot be
     read at all is still a CorruptRowError."""
-    known = {m.version: m for m in _migrate.load_migrations("sqlite")}
-    applied = {row.version: row for row in _read_applied(conn, database=database)}
+    known = _migrate.load_migrations("sqlite")
+    return _records(known, _read_applied(conn, database=database), conn)
+
+
+def _records(
+    migrations: Sequence[_migrate.Migration],
+    rows: Sequence[_migrate.AppliedMigration],
+    conn: sqlite3.Connection,
+) -> list[MigrationRecord]:
+    """The known ``migrations`` and the recorded ``rows``, each with its state and time."""
+    known = {m.version: m for m in migrations}
+    applied = {row.version: row for row in rows}
     installed: dict[int, str] = {}
     if applied:
         installed = {int(v): str(i) for v, _, _, _, i in conn.execute(SELECT_APPLIED)}
@@ -1986,22 +1996,16 @@ def _unique_keys(conn: sqlite3.Connection) -> dict[str, tuple[str, str]]:
     by commas; {} if the schema cannot be read that far (the damage reaches it)."""
     keys: dict[str, tuple[str, str]] = {}
     try:
-        tables = [t for (t,) in conn.execute(SELECT_TABLE_NAMES)]
+        tables = [name for kind, name, _, _ in conn.execute(SELECT_OBJECTS) if kind == "table"]
         for table in tables:
-            for _, index, unique, *_ in conn.execute(f"PRAGMA index_list({_quoted(table)})"):
+            for _, index, unique, *_ in conn.execute(SELECT_INDEXES, (table,)).fetchall():
                 if unique:
-                    info = conn.execute(f"PRAGMA index_info({_quoted(index)})").fetchall()
-                    keys[index] = (table, ", ".join(str(row[2]) for row in info))
+                    columns = conn.execute(SELECT_INDEX_COLUMNS, (index,))
+                    named = ", ".join(str(row[2]) for row in columns if row[5])  # keys only
+                    keys[index] = (table, named)
     except sqlite3.DatabaseError:
         return {}
     return keys
-
-
-SELECT_TABLE_NAMES: Final = "SELECT name FROM sqlite_schema WHERE type = 'table'"
-
-
-def _quoted(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def integrity_repair(line: str, unique: dict[str, tuple[str, str]] | None = None) -> str:
@@ -2709,8 +2713,9 @@ class GiveBack:
 
     ids: list[str]
 
-    def __call__(self, conn: sqlite3.Connection) -> None:
-        conn.executemany(RELEASE_RUN, [(run_id,) for run_id in self.ids])
+    def __call__(self, conn: sqlite3.Connection) -> int:
+        """How many of the runs were still 'running', and so queued again."""
+        return conn.executemany(RELEASE_RUN, [(run_id,) for run_id in self.ids]).rowcount
 
     def repair(self) -> str:
         """The SQL a person runs to do it by hand."""
