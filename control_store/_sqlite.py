@@ -3160,6 +3160,9 @@ class SqliteBackend:
     def migration_status_op(self) -> Op[list[MigrationState]]:
         return partial(migration_status, database=self._database)
 
+    def migration_history_op(self) -> Op[list[MigrationRecord]]:
+        return partial(migration_history, database=self._database)
+
     def read(self, op: Op[T], *, small: bool = False) -> Awaitable[T]:
         """Run ``op`` outside any explicit transaction; await the result.
 

@@ -605,11 +605,7 @@ async def cmd_migrate(args: argparse.Namespace, out: Terminal) -> int:
             ) as exc:
                 refused = exc  # listed all the same: the listing is what shows the damage
             backend = store._connected()  # the CLI is part of the package: its own backend
-            records = await backend.read(
-                partial(
-                    _sqlite.migration_history, database=_sqlite.database_name(url, _parsed(url))
-                )
-            )
+            records = await backend.read(backend.migration_history_op())
         if args.json:
             listed = [asdict(r) | {"applied": r.state == "applied"} for r in records]
             out.print(out.json(listed))
@@ -1011,7 +1007,8 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
     _check_demo_sizes(args)
     url = _url(args)
     with _naming_the_url(args):
-        if _parsed(url) == _sqlite.MEMORY:
+        path = _parsed(url)
+        if path == _sqlite.MEMORY:
             # Each scheduler process would open its own new, empty in-memory database: the runs
             # submitted here would never be claimed, and the checks would blame the store.
             raise UsageError(
@@ -1041,13 +1038,13 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
         opened = await Store.connect(config.url, busy_timeout=config.busy_timeout)
     async with opened as store:
         _track(args, store)
-        with _only_demo(args, config.url):
+        with _only_demo(config.url, path):
             queued = await store.list_runs(status=RunStatus.QUEUED, limit=1)
             if queued:
                 raise Failure(
                     f"{_sqlite.redact(config.url)} already has queued runs (e.g. {queued[0].id}), "
                     "which the demo's schedulers would claim; run the demo on a database of its "
-                    f"own, a new file: {_fresh_demo_command(_sqlite.parse_url(config.url))}"
+                    f"own, a new file: {_fresh_demo_command(path)}"
                 )
             if human:
                 _describe_demo(out, config)
@@ -1102,7 +1099,7 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
         # The file now holds this demo's unfinished runs, queued: a retry needs another file.
         again = (
             "; a scheduler stopped on an error a retry may cure: run the demo again on a new "
-            f"file, {_fresh_demo_command(_sqlite.parse_url(config.url))}"
+            f"file, {_fresh_demo_command(path)}"
         )
     _complain(f"{PROG}: error: demo invariant failed: {failed}{again}")
     # A scheduler stopped by what a retry may cure (a lock held past --busy-timeout, a full
@@ -1196,11 +1193,11 @@ async def _requeue_stranded(
 
 
 @contextlib.contextmanager
-def _only_demo(args: argparse.Namespace, url: str) -> Iterator[None]:
-    """The demo's lock on the database (see _demo.only_demo_on), refused as a Failure."""
+def _only_demo(url: str, path: str) -> Iterator[None]:
+    """The demo's lock on the database ``url`` names at ``path`` (see _demo.only_demo_on),
+    refused as a Failure."""
     from . import _demo
 
-    path = _sqlite.parse_url(url)
     try:
         with _demo.only_demo_on(path):
             yield
