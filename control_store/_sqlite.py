@@ -1227,9 +1227,17 @@ def check_schema(conn: sqlite3.Connection, *, database: str, read_only: bool = T
     # pending() passed: every applied row is a known migration that succeeded.
     found = max((row.version for row in applied), default=0)
     names = ", ".join(f"{m.version} ({m.description})" for m in todo)
+    tables: tuple[str, ...] = ()  # what a file with no migration recorded holds all the same
     if not applied:
         _refuse_foreign_database(conn, database)  # another application's: say so, not "empty"
         held = sorted({row[0] for row in conn.execute(SCHEMA_NAMES)} - {_migrate.TRACKING_TABLE})
+        tables = tuple(
+            sorted(
+                str(name)
+                for kind, name, _, _ in conn.execute(SELECT_OBJECTS)
+                if kind == "table" and name != _migrate.TRACKING_TABLE
+            )
+        )
         state = (
             f"has no control_store migration recorded, though it holds {', '.join(held)}: its "
             f"rows in {_migrate.TRACKING_TABLE} were lost"
@@ -1263,6 +1271,7 @@ def check_schema(conn: sqlite3.Connection, *, database: str, read_only: bool = T
         found=found,
         needed=needed.version,
         pending=tuple((m.version, m.description) for m in todo),
+        tables=tables,
     )
 
 

@@ -519,22 +519,6 @@ def _database_path(url: str, *, create_hint: str) -> str:
     return path
 
 
-def _tables_of(path: str) -> list[str]:
-    """The tables of the file at ``path`` but SQLite's and the migration history, read-only;
-    [] if it cannot be read."""
-    query = (
-        "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
-        "AND name != ? ORDER BY name"
-    )
-    try:
-        with contextlib.closing(
-            sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro", uri=True)
-        ) as conn:
-            return [name for (name,) in conn.execute(query, (_migrate.TRACKING_TABLE,))]
-    except sqlite3.Error:
-        return []
-
-
 async def _open_existing(args: argparse.Namespace) -> Store:
     """Open the store for reading only: never create a file, never migrate, never write.
 
@@ -562,10 +546,9 @@ async def _open_read_only(args: argparse.Namespace) -> Store:
         if not exc.found:  # no migration at all: an empty file (another application's is
             # refused by connect, naming its tables), or an emptied history
             migrate = _command("migrate", *_url_option(_sqlite.redact(url)))
-            tables = _tables_of(path)
-            if tables:
+            if exc.tables:
                 raise Failure(
-                    f"{database} has the tables {', '.join(tables)} but an empty migration "
+                    f"{database} has the tables {', '.join(exc.tables)} but an empty migration "
                     f"history ({_migrate.TRACKING_TABLE}): its rows were deleted; restore the "
                     f"database from a backup, or, if its schema is this release's, put the rows "
                     f"back ({migrate} refuses to make the tables again and gives the row of "

@@ -161,16 +161,24 @@ class PendingMigrationError(MigrationError):
     ``await store.migrate()`` applied them (or another process did: each refusal reads the
     schema's state again, and describes the file as it is then). ``found`` is the newest
     migration applied (0: none), ``needed`` the newest one this library has, ``pending`` the
-    (version, description) of each one not applied.
+    (version, description) of each one not applied, and ``tables``, where none is recorded,
+    the tables the file holds all the same (its history's rows were lost; () for an empty file).
     """
 
     def __init__(
-        self, message: str, *, found: int, needed: int, pending: tuple[tuple[int, str], ...]
+        self,
+        message: str,
+        *,
+        found: int,
+        needed: int,
+        pending: tuple[tuple[int, str], ...],
+        tables: tuple[str, ...] = (),
     ) -> None:
         super().__init__(message)
         self.found = found
         self.needed = needed
         self.pending = pending  # (version, description) of each migration not applied
+        self.tables = tables
 
 
 class DirtyMigrationError(MigrationError):

@@ -223,8 +223,11 @@ async def test_a_lost_tracking_row_gets_its_insert_as_the_repair(
     with raw_db(db_path) as conn:
         conn.execute(f"DELETE FROM {TRACKING} WHERE {lost}")
     if lost == "1 = 1":  # no row at all: read-only, it is not taken for an empty file
-        with pytest.raises(PendingMigrationError, match=f"its rows in {TRACKING} were lost"):
+        with pytest.raises(
+            PendingMigrationError, match=f"its rows in {TRACKING} were lost"
+        ) as lost_rows:
             await Store.connect(db_path, read_only=True)
+        assert lost_rows.value.tables == ("jobs", "runs")  # the tables it holds, for the CLI
     for _ in range(refusals):
         with pytest.raises(MigrationError, match=f"its row in {TRACKING} was lost") as caught:
             await Store.connect(db_path)
@@ -508,6 +511,7 @@ async def test_a_refused_call_reads_the_schema_again_once_another_store_migrated
         with pytest.raises(PendingMigrationError, match=r"\(it is empty\)") as caught:
             await store.insert_run(run)
         assert caught.value.found == 0
+        assert caught.value.tables == ()
         monkeypatch.setattr(
             _migrate, "load_migrations", lambda b, d=None: load_migrations(b, d)[:1]
         )
