@@ -1288,11 +1288,16 @@ class _Progress:
 _INT64_MAX: Final = 2**63 - 1  # SQLite's largest integer: the largest limit it can take
 
 
+# int() and float() also read '1_000', ' 5', '+5', '1e3', 'nan', 'infinity' and other scripts'
+# digits ('٣' is 3): a number on a command line is written in ASCII digits, or it is a typo.
+_WHOLE: Final = re.compile(r"[0-9]+", re.ASCII)
+_DECIMAL: Final = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+", re.ASCII)
+
+
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not _WHOLE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: write it in digits 0-9")
+    value = int(text)
     if not 1 <= value <= _INT64_MAX:
         raise argparse.ArgumentTypeError(f"{value} must be from 1 to {_INT64_MAX}")
     return value
@@ -1300,10 +1305,11 @@ def _positive_int(text: str) -> int:
 
 def _rate(limit: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not _DECIMAL.fullmatch(text):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a number: write it in digits 0-9, with a '.' for a fraction"
+            )
+        value = float(text)
         if not 0.0 <= value <= limit:
             raise argparse.ArgumentTypeError(f"{value} must be between 0 and {limit}")
         return value
