@@ -28,6 +28,16 @@ _encode: Final = msgspec.json.Encoder().encode
 _decode_models: Final = msgspec.json.Decoder(list[str]).decode
 _decode_spec: Final = msgspec.json.Decoder(EvalJob).decode
 _decode_outcome: Final = msgspec.json.Decoder(JobOutcome).decode
+# What each JSON column holds, as the message for a value that is not it says: msgspec's own
+# ("Expected `array`, got `object`") names neither the column's form nor what to write.
+_JSON_FORMS: Final = {
+    "models": 'a JSON array of model names, like ["gpt-4o", "llama-3"]',
+    "spec": 'a JSON object like {"model": "gpt-4o", "sample_id": "q1", "epoch": 0}',
+    "outcome": (
+        'NULL or a JSON object like {"job_id": "<this job\'s id>", "score": 0.5, "output": "", '
+        '"error": null}'
+    ),
+}
 # msgspec parses UUID text ~3x faster than uuid.UUID(), and RFC 3339 text; a failure is a
 # msgspec.ValidationError.
 _convert: Final = msgspec.convert
@@ -767,12 +777,13 @@ class _Reader:
     @_collecting
     def json(self, index: int, column: str, decode: Any) -> Any:
         value = self.row[index]
+        form = _JSON_FORMS[column]
         if not isinstance(value, str | bytes):
-            raise self.corrupt(column, value, "expected JSON text")
+            raise self.corrupt(column, value, f"expected {form}, as text")
         try:
             return decode(value)
         except _UNREADABLE_JSON as exc:
-            raise self.corrupt(column, value, str(exc)) from exc
+            raise self.corrupt(column, value, f"expected {form}; {exc}") from exc
 
     @_collecting
     def outcome(self, index: int) -> JobOutcome | None:

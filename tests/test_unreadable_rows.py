@@ -66,6 +66,41 @@ async def test_unreadable_job_column_is_reported(db_path: Path, column: str, val
             assert caught.value.row_id == str(job.id)
 
 
+@pytest.mark.parametrize(
+    ("table", "column", "value"),
+    [
+        ("runs", "models", '{"a": 1}'),
+        ("runs", "models", '["a", 1]'),
+        ("runs", "models", 7),
+        ("jobs", "spec", '["gpt-4o", "q1", 0]'),
+        ("jobs", "outcome", '{"score": 1}'),
+    ],
+)
+async def test_an_unreadable_json_cell_says_what_the_column_holds_and_that_form_reads(
+    db_path: Path, table: str, column: str, value: object
+) -> None:
+    """msgspec's own words ("Expected `array`, got `object`") do not say what to write: the
+    message gives the column's form with an example, and that example, written in, reads."""
+    run, (job,) = await stored_run(db_path, job_count=1)
+    if column == "outcome":  # a recorded job's: its run's counters agree with it
+        async with Store.connect(db_path) as store:
+            await store.record_job_outcome(run.id, JobOutcome(job.id, score=1.0))
+    with raw_db(db_path) as conn:
+        conn.execute(f"UPDATE {table} SET {column} = ?", (value,))
+    async with Store.connect(db_path) as store:
+        read = (lambda: store.get_run(run.id)) if table == "runs" else lambda: store.get_job(job.id)
+        with pytest.raises(CorruptRowError) as caught:
+            await read()
+        message = str(caught.value)
+        assert "expected a JSON" in message or "expected NULL or a JSON" in message, message
+        example = message.split(" like ", 1)[1].split(";")[0].split(", as text)")[0]
+        example = example.replace("<this job's id>", str(job.id))
+        with raw_db(db_path) as conn:
+            conn.execute(f"UPDATE {table} SET {column} = ?", (example,))
+        await read()
+        assert await store.check() == []
+
+
 @pytest.mark.parametrize("column", ["spec", "outcome"])
 async def test_json_nested_past_the_recursion_limit_is_a_corrupt_row(
     db_path: Path, column: str
