@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 if sys.platform != "win32":
     import fcntl
@@ -41,7 +41,8 @@ from ._store import Store
 from .errors import ControlError
 from .models import EvalJob, Job, JobOutcome, JobStatus, Run, RunStatus
 
-# Slots of the counters the scheduler processes share with the parent (a multiprocessing Array).
+# Slots of the counters the scheduler processes share with the parent: a multiprocessing
+# RawArray of COUNTERS slots per process, each process adding to its own only, in one thread.
 DELIVERIES: Final = 0  # record_job_outcome calls that returned
 RECORDED: Final = 1  # ... that returned True: the job was newly recorded
 ABSORBED: Final = 2  # ... that returned False: a duplicate the store absorbed
@@ -63,11 +64,17 @@ ERROR_TEXT: Final = "sandbox timed out after 30 s"
 
 
 class Counters(Protocol):
-    """What the demo needs of a ``multiprocessing.Array('q', COUNTERS)``."""
+    """What the demo needs of a ``multiprocessing.RawArray('q', COUNTERS * processes)``.
+
+    No lock: a lock is a named semaphore, which multiprocessing's resource tracker warns of
+    ("leaked semaphore objects") when the parent ends by os._exit (a stop stuck in a lock wait,
+    see cli._exit_now) before releasing it. One writer a slot needs none; the parent's live
+    reads may mix one moment's slots with the next's, and its final read comes after every
+    child has ended.
+    """
 
     def __getitem__(self, index: int) -> int: ...
     def __setitem__(self, index: int, value: int) -> None: ...
-    def get_lock(self) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,12 +198,12 @@ class ProcessReport(msgspec.Struct, frozen=True):
 @dataclass
 class _Tally:
     counters: Counters
+    process: int = 0  # which COUNTERS slots of ``counters`` are this process's
     claimed: list[str] = field(default_factory=list)
     first_deliveries: list[str] = field(default_factory=list)
 
     def add(self, slot: int, amount: int = 1) -> None:
-        with self.counters.get_lock():
-            self.counters[slot] += amount
+        self.counters[self.process * COUNTERS + slot] += amount
 
 
 async def _worker(
@@ -337,7 +344,7 @@ def scheduler_process(
     # The parent owns Ctrl-C (which the terminal sends to the whole process group), as it owns
     # SIGTERM and SIGHUP: it terminates the children, which must not print tracebacks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    tally = _Tally(counters)
+    tally = _Tally(counters, process)
     error: str | None = None
     retryable = False
     try:
@@ -517,29 +524,19 @@ def _blocked(signum: signal.Signals) -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _start_resource_tracker() -> None:
-    """Start multiprocessing's resource tracker, which spawning a child starts and the counters'
-    lock registers with, with SIGHUP blocked. The tracker ignores SIGINT and SIGTERM itself,
-    but a hang-up sent to the process group (a closed terminal) killed it, and the lock's
-    release then relaunched it with a warning and a traceback after the demo's one line."""
-    from multiprocessing import resource_tracker
-
-    with _blocked(signal.SIGHUP):
-        resource_tracker.ensure_running()
-
-
 async def run_fleet(config: DemoConfig, on_progress: Callable[[Snapshot], None]) -> FleetResult:
     """Start the scheduler processes and wait for them, reporting progress about every 0.1 s."""
     context = multiprocessing.get_context("spawn")  # no fork: the parent holds an open store
-    _start_resource_tracker()
-    counters: Counters = context.Array("q", COUNTERS)
+    counters: Counters = context.RawArray("q", COUNTERS * config.processes)
     processes: list[multiprocessing.process.BaseProcess] = []
     pipes: list[Connection] = []
     started = time.perf_counter()
 
     def snapshot() -> Snapshot:
-        with counters.get_lock():
-            values = [counters[i] for i in range(COUNTERS)]
+        values = [
+            sum(counters[p * COUNTERS + slot] for p in range(config.processes))
+            for slot in range(COUNTERS)
+        ]
         deliveries, recorded, absorbed, redispatched, runs_done = values
         elapsed = time.perf_counter() - started
         return Snapshot(deliveries, recorded, absorbed, redispatched, runs_done, elapsed)

@@ -1883,7 +1883,7 @@ async def test_a_scheduler_dispatches_a_run_a_page_at_a_time(store: Store) -> No
     jobs = await store.list_jobs(run.id)
     for job in jobs[2:4]:  # recorded before this scheduler claims the run
         assert await store.record_job_outcome(run.id, demo.pseudo_outcome(job, 1, 0.0))
-    tally = demo._Tally(multiprocessing.Array("q", demo.COUNTERS))
+    tally = demo._Tally(multiprocessing.RawArray("q", demo.COUNTERS))
 
     await demo._dispatch(store, run, config, random.Random(0), tally, page_size=3)
 
@@ -2296,6 +2296,30 @@ def test_a_demo_stopped_with_its_process_group_queues_its_runs_again(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(demo_process.pid, signal.SIGKILL)
+        demo_process.wait()
+
+
+@pytest.mark.slow
+def test_a_demo_whose_stop_is_stuck_on_a_lock_exits_with_one_line(tmp_path: Path) -> None:
+    """Ctrl-C while another process holds the write lock: the demo's clean-up waits on it,
+    and STOP_GRACE_SECONDS later the demo ends at once (os._exit). Its stderr is the one line
+    that says so: no warning from multiprocessing's resource tracker about what os._exit
+    left (the counters' lock once was a named semaphore, "leaked" by such an exit)."""
+    path = tmp_path / "demo.db"
+    demo_process = _long_demo(path)
+    try:
+        _wait_for(lambda: _started_runs(path), "a scheduler to claim a run")
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as holder:
+            holder.execute("BEGIN IMMEDIATE")
+            demo_process.send_signal(signal.SIGINT)
+            _, err = demo_process.communicate(timeout=60)
+        assert demo_process.returncode == 130, err
+        (line,) = err.splitlines()
+        assert line.startswith("control-store: interrupted after "), line
+        assert line.endswith("(stopped while waiting for the database)"), line
+        assert "queueing them again did not finish" in line
+    finally:
+        demo_process.kill()
         demo_process.wait()
 
 
