@@ -1102,7 +1102,7 @@ def _milliseconds(seconds: float) -> int:
     return math.ceil(seconds * 1000)
 
 
-def configure(conn: sqlite3.Connection, *, file: bool, options: Options, database: str) -> None:
+def configure(conn: sqlite3.Connection, *, path: str, options: Options, database: str) -> None:
     """Set the connection's pragmas, outside any transaction, in the order that works.
 
     busy_timeout first (everything after may wait on a lock), foreign keys (as sqlx does), then
@@ -1112,16 +1112,9 @@ def configure(conn: sqlite3.Connection, *, file: bool, options: Options, databas
     """
     conn.execute(f"PRAGMA busy_timeout = {_milliseconds(options.busy_timeout)}")
     conn.execute("PRAGMA foreign_keys = ON")
-    if file:
-        _refuse_foreign_database(conn, database)
-        # A history this release cannot vouch for (a newer release's, a failed or an edited
-        # migration: pending() refuses them) is refused before the switch to WAL, which would
-        # change the file, with migrate=False too (no call could use such a file).
-        _migrate.pending(
-            _migrate.load_migrations("sqlite"),
-            _read_applied(conn, database=database),
-            database=database,
-        )
+    if path != MEMORY:
+        _refuse_unfit_unread(path, database, options)
+        _refuse_unfit(conn, database)
         deadline = time.monotonic() + options.busy_timeout
         while True:
             try:
@@ -1143,13 +1136,56 @@ def configure(conn: sqlite3.Connection, *, file: bool, options: Options, databas
             time.sleep(0.01)
     # Per connection; FULL syncs the WAL at every commit, NORMAL only at checkpoints.
     conn.execute(f"PRAGMA synchronous = {options.synchronous}")
-    if file:
+    if path != MEMORY:
         # SQLite never shrinks the -wal file by itself: after a big insert_jobs, or writes
         # while another connection's long read held off checkpoints, it stays at its peak size
         # until the last connection closes (measured: 1 GiB). With a limit, it is cut back to
         # it each time the WAL restarts after a checkpoint.
         conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
         _refuse_read_only(conn)
+
+
+def _refuse_unfit(conn: sqlite3.Connection, database: str) -> None:
+    """Refuse another application's database, and a migration history this release cannot
+    vouch for (a newer release's, a failed or an edited migration: pending() refuses them),
+    before the switch to WAL, which would change the file, with migrate=False too (no call
+    could use such a file)."""
+    _refuse_foreign_database(conn, database)
+    _migrate.pending(
+        _migrate.load_migrations("sqlite"),
+        _read_applied(conn, database=database),
+        database=database,
+    )
+
+
+def _refuse_unfit_unread(path: str, database: str, options: Options) -> None:
+    """_refuse_unfit on a ``mode=ro`` connection of its own, where ``path`` has a -wal file
+    holding frames, before the store's own connection reads the file.
+
+    A read-write connection that has read a file in WAL mode checkpoints its -wal into it when
+    it closes as the file's last: refused with it, another application's database (killed with
+    its last commits in its -wal), or a store beside a -wal that came from another database (a
+    copied set of files, which SQLite replays), would be changed by the refusal that says it
+    was left untouched. A read-only connection never checkpoints. Where that connection cannot
+    read the file (SQLite cannot make its -shm, say), the store's own connection finds out why
+    and says so, as without a -wal.
+    """
+    try:
+        if os.path.getsize(path + "-wal") == 0:
+            return
+    except OSError:
+        return  # no -wal: nothing a close could checkpoint
+    try:
+        ro = sqlite3.connect(read_only_uri(path), uri=True, isolation_level=None)
+    except sqlite3.Error:
+        return
+    try:
+        ro.execute(f"PRAGMA busy_timeout = {_milliseconds(options.busy_timeout)}")
+        _refuse_unfit(ro, database)
+    except sqlite3.Error:
+        return
+    finally:
+        ro.close()
 
 
 def _refuse_foreign_database(conn: sqlite3.Connection, database: str) -> None:
@@ -2921,9 +2957,7 @@ class SqliteBackend:
         # too, serialised with the worker thread by _Worker.lock.
         backend = await cls._connect(path, database, options, check_same_thread=path != MEMORY)
         try:
-            await backend.read(
-                partial(configure, file=path != MEMORY, options=options, database=database)
-            )
+            await backend.read(partial(configure, path=path, options=options, database=database))
             if path != MEMORY:
                 try:
                     worker = backend._worker

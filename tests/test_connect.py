@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +23,8 @@ from control_store import (
     PendingMigrationError,
     StorageError,
     Store,
+    UnknownMigrationError,
+    _migrate,
     _sqlite,
 )
 
@@ -444,6 +448,57 @@ async def test_another_applications_database_is_refused_and_left_untouched(
         await Store.connect(path, migrate=migrate)
     assert path.read_bytes() == content
     assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+
+
+def _killed_with_commits_in_its_wal(path: Path, statements: list[str]) -> None:
+    """Run ``statements`` on ``path`` in WAL mode in another process that then dies at once
+    (os._exit): its commits stay in the -wal, which no close checkpointed."""
+    script = (
+        "import os, sqlite3, sys\n"
+        "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "c.execute('PRAGMA journal_mode = WAL')\n"
+        "c.execute('PRAGMA wal_autocheckpoint = 0')\n"
+        f"for sql in {statements!r}:\n"
+        "    c.execute(sql)\n"
+        "os._exit(0)\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True, timeout=60)
+    assert path.with_name(path.name + "-wal").stat().st_size > 0
+
+
+def _bytes_of(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in directory.iterdir() if not p.name.endswith("-shm")}
+
+
+@pytest.mark.parametrize("migrate", [True, False])
+async def test_a_refused_file_whose_wal_holds_commits_is_left_untouched(
+    tmp_path: Path, migrate: bool
+) -> None:
+    """A refusal says the file "was left untouched": with its last commits in its -wal (its
+    owner killed), the store's own connection had read it, and closing checkpointed the -wal
+    into the file and deleted it. Another application's database and a store of a newer
+    release's schema are refused, the file and its -wal byte for byte as they were."""
+    foreign = tmp_path / "app" / "app.db"
+    foreign.parent.mkdir()
+    _killed_with_commits_in_its_wal(
+        foreign, ["CREATE TABLE notes (body TEXT)", "INSERT INTO notes VALUES ('mine')"]
+    )
+    newer = tmp_path / "newer" / "control.db"
+    newer.parent.mkdir()
+    async with Store.connect(newer):
+        pass
+    _killed_with_commits_in_its_wal(
+        newer,
+        [f"INSERT INTO {_migrate.TRACKING_TABLE} VALUES (9999, 'future', 'x', 1, x'00', 0)"],
+    )
+    for path, error, match in (
+        (foreign, ConfigurationError, r"not a control_store database.*'notes'.*untouched"),
+        (newer, UnknownMigrationError, r"9999"),
+    ):
+        before = _bytes_of(path.parent)
+        with pytest.raises(error, match=match):
+            await Store.connect(path, migrate=migrate)
+        assert _bytes_of(path.parent) == before, path
 
 
 @pytest.mark.parametrize(
