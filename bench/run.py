@@ -133,7 +133,7 @@ class Databases:
         path = self.path(setting)
         conn = sqlite3.connect(path, isolation_level=None)
         options = _sqlite.parse_options({"synchronous": setting.synchronous})
-        _sqlite.configure(conn, file=setting.file, options=options, database=path)
+        _sqlite.configure(conn, path=path, options=options, database=path)
         _sqlite.migrate(conn, database=path)
         return conn
 

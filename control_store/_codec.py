@@ -684,6 +684,12 @@ def stored_uuid(table: str, column: str, row_id: object, value: object) -> uuid.
     return _Reader(table, (row_id, value)).uuid(1, column)
 
 
+def stored_job_status(job_id: str, value: object) -> JobStatus:
+    """A stored job status, as the decoders read one, else the CorruptRowError naming the row."""
+    status: JobStatus = _Reader("jobs", (job_id, value)).enum(1, "status", JobStatus)
+    return status
+
+
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
@@ -1041,6 +1047,8 @@ def _jobs_of_columns(columns: list[tuple[Any, ...]]) -> list[Job]:
     owners = [i.int for i, o in zip(job_ids, outcomes, strict=True) if o is not None]
     if [o.job_id.int for o in decoded_list] != owners:
         raise ValueError("an outcome names another job than the row it is stored in")
+    if [st == "done" for st in statuses] != [o is not None for o in outcomes]:
+        raise ValueError("a job's status disagrees with its outcome")
     decoded = iter(decoded_list)
     status_of = _JOB_STATUS
     return [
@@ -1075,7 +1083,10 @@ def decode_job(row: Sequence[Any]) -> Job:
     ):
         try:
             recorded = None if outcome is None else _decode_outcome(outcome)
-            if recorded is None or recorded.job_id.int == parsed.int:  # else: of another job
+            # Else of another job, or a status that disagrees with the outcome.
+            if (recorded is None or recorded.job_id.int == parsed.int) and (outcome is None) is (
+                status != "done"
+            ):
                 return Job(
                     parent,
                     _decode_spec(spec),
@@ -1101,11 +1112,32 @@ def _checked_job(
 ) -> Job:
     r = _Reader("jobs", row, canonical=canonical, errors=errors)
     outcome = None if row[5] is None else r.outcome(5)
-    return Job(
+    job = Job(
         r.uuid(1, "run_id"),
         r.json(2, "spec", _decode_spec),
         id=JobId(r.uuid(0, "id")),
         status=r.enum(3, "status", JobStatus),
         attempt=r.integer(4, "attempt"),
         outcome=outcome,
+    )
+    if errors is None and (job.outcome is None) is (job.status is JobStatus.DONE):
+        raise status_disagrees(id_text(row[0]), row[3], has_outcome=job.outcome is not None)
+    return job
+
+
+def status_disagrees(job_id: str, status: object, *, has_outcome: bool) -> CorruptRowError:
+    """The error for a job whose status disagrees with its outcome (check() reports each such
+    job too): a job is 'done' exactly when it holds an outcome. The status follows the outcome,
+    never the reverse: a recorded outcome stands, and a job without one has not run."""
+    if has_outcome:
+        why = "the job holds an outcome, so it is done"
+        fix = "set its status to 'done', then run check() for its run's counters"
+    else:
+        why = "the job holds no outcome, so it has not run"
+        fix = (
+            "set its status to 'queued' for it to run again, then run check() for its run's "
+            "counters"
+        )
+    return corrupt_row(
+        "jobs", "status", job_id, status, why, fix, verdict="which cannot be this row's"
     )

@@ -38,7 +38,7 @@ import msgspec
 
 from . import _codec, _sqlite
 from ._store import Store
-from .errors import ControlError
+from .errors import ControlError, CorruptRowError
 from .models import EvalJob, Job, JobOutcome, JobStatus, Run, RunStatus
 
 # Slots of the counters the scheduler processes share with the parent: a multiprocessing
@@ -670,16 +670,22 @@ async def verify(
     not_done: list[str] = []
     never: list[str] = []
     overwritten: list[str] = []
+    unreadable: list[str] = []  # runs whose walk stopped at a row the store refuses to read
     for run in runs:
-        async for job in store.iter_jobs(run.id):
-            stored_jobs += 1
-            job_id = str(job.id)
-            if job.status is not JobStatus.DONE or not job.outcome:
-                not_done.append(job_id)
-            if job_id not in firsts:
-                never.append(job_id)
-            if job.outcome is not None and job.outcome != pseudo_outcome(job, 1, config.error_rate):
-                overwritten.append(job_id)
+        try:
+            async for job in store.iter_jobs(run.id):
+                stored_jobs += 1
+                job_id = str(job.id)
+                if job.status is not JobStatus.DONE or not job.outcome:
+                    not_done.append(job_id)
+                if job_id not in firsts:
+                    never.append(job_id)
+                if job.outcome is not None and job.outcome != pseudo_outcome(
+                    job, 1, config.error_rate
+                ):
+                    overwritten.append(job_id)
+        except CorruptRowError as exc:  # store.check() below names the row and its repair
+            unreadable.append(f"{exc.row_id} of run {run.id}")
     counted_twice = sorted(i for i, n in firsts.items() if n > 1)
     check(
         "every job recorded exactly once",
@@ -693,7 +699,10 @@ async def verify(
             ok=f"{stored_jobs:,} jobs done, {sum(firsts.values()):,} first deliveries",
         )
         if stored_jobs == config.total_jobs
-        else f"{stored_jobs:,} jobs in the database, expected {config.total_jobs:,}",
+        else _problems(
+            [("unreadable jobs, as store.check() below says", unreadable)],
+            ok=f"{stored_jobs:,} jobs in the database, expected {config.total_jobs:,}",
+        ),
     )
     check(
         "first delivery kept for every job",

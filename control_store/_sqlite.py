@@ -59,7 +59,7 @@ from .errors import (
     WrongEventLoopError,
     WrongRunError,
 )
-from .models import Job, Problem, Run, utc_now
+from .models import Job, JobStatus, Problem, Run, utc_now
 
 T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], T]
@@ -136,9 +136,12 @@ _LARGEST_ROWID: Final = 2**63 - 1
 
 # The record's guard: only a job of this run that is not yet done changes, so a redelivered
 # outcome (at-least-once delivery) changes nothing and the first delivery wins.
+# Only a job as the store leaves one before its outcome, queued or running with no outcome:
+# a row edited by hand into another state (done without an outcome, or an outcome on a job not
+# done) is refused by _why_unrecorded, not taken as new work or as a redelivery.
 MARK_JOB_DONE: Final = """
 UPDATE jobs SET status = 'done', outcome = ?
-WHERE id = ? AND run_id = ? AND status != 'done'
+WHERE id = ? AND run_id = ? AND status IN ('queued', 'running') AND outcome IS NULL
 """
 # Run only when MARK_JOB_DONE changed exactly one row: progress advances once per job. The
 # typeof() guards refuse to build on a counter someone overwrote by hand (SQLite would happily
@@ -248,6 +251,7 @@ SELECT_ALL_JOBS: Final = f"SELECT {_JOB_COLUMNS} FROM jobs"
 
 # Why a record changed nothing: no such job, another run's job, or a redelivery.
 SELECT_JOB_RUN: Final = "SELECT run_id FROM jobs WHERE id = ?"
+SELECT_JOB_STATE: Final = "SELECT run_id, status, outcome IS NOT NULL FROM jobs WHERE id = ?"
 SELECT_MISSING_RUN: Final = "SELECT 1 FROM runs WHERE id = ?"
 SELECT_JOB_EXISTS: Final = "SELECT 1 FROM jobs WHERE id = ?"
 # check(): what a job stored twice adds to its run's counts.
@@ -2808,7 +2812,7 @@ class _RerunLeniently(Exception):
 
 def _why_unrecorded(run_id: str, job_id: str, conn: sqlite3.Connection) -> None:
     """Raise the error that explains why MARK_JOB_DONE changed nothing; return on a redelivery."""
-    row = _leniently(conn, lambda: conn.execute(SELECT_JOB_RUN, (job_id,)).fetchone())
+    row = _leniently(conn, lambda: conn.execute(SELECT_JOB_STATE, (job_id,)).fetchone())
     if row is None:
         raise NotFoundError(
             f"job {job_id} does not exist (outcome reported for run {run_id}); nothing was "
@@ -2821,6 +2825,10 @@ def _why_unrecorded(run_id: str, job_id: str, conn: sqlite3.Connection) -> None:
             f"job {job_id} belongs to run {row[0]}, not to run {run_id}; nothing was "
             "recorded: report the outcome with the job's own run id"
         )
+    status, has_outcome = _codec.stored_job_status(job_id, row[1]), bool(row[2])
+    if status is JobStatus.DONE and has_outcome:
+        return  # a redelivery
+    raise _codec.status_disagrees(job_id, row[1], has_outcome=has_outcome)
 
 
 def op_record_outcome(

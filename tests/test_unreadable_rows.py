@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from control_store import ConstraintError, CorruptRowError, JobOutcome, MissingRunError, Store
+from control_store import (
+    ConstraintError,
+    CorruptRowError,
+    JobOutcome,
+    MissingRunError,
+    Run,
+    Store,
+)
 
 from conftest import make_jobs, make_run, orphaned_jobs, raw_db, stored_run
 
@@ -132,6 +140,83 @@ async def test_json_nested_past_the_recursion_limit_is_a_corrupt_row(
         problems = await store.check()
         assert [(p.table, p.row_id) for p in problems] == [("jobs", str(job.id))]
         assert f"jobs.{column}" in problems[0].message
+
+
+def _job_and_run_rows(path: Path, run: Run) -> tuple[list[Any], list[Any]]:
+    with raw_db(path) as conn:
+        jobs = conn.execute(
+            "SELECT id, status, outcome FROM jobs WHERE run_id = ? ORDER BY rowid", (str(run.id),)
+        ).fetchall()
+        runs = conn.execute("SELECT status, done_count FROM runs").fetchall()
+    return jobs, runs
+
+
+@pytest.mark.parametrize(
+    ("edit", "status", "why", "repair"),
+    [
+        # 'done' with no outcome: taken for a redelivery, the outcome was dropped, and the run
+        # could never finish.
+        (
+            "UPDATE jobs SET status = 'done' WHERE id = ?",
+            "done",
+            "the job holds no outcome, so it has not run",
+            "UPDATE jobs SET status = 'queued' WHERE id = ?",
+        ),
+        # A recorded job made 'queued' again: a redelivery overwrote the first outcome and was
+        # counted a second time, finishing the run while another job had not run.
+        (
+            "UPDATE jobs SET status = 'queued' WHERE id = ?",
+            "queued",
+            "the job holds an outcome, so it is done",
+            "UPDATE jobs SET status = 'done' WHERE id = ?",
+        ),
+        (
+            "UPDATE jobs SET status = 'lost' WHERE id = ?",
+            "lost",
+            "expected one of ['queued', 'running', 'done']",
+            "UPDATE jobs SET status = 'done' WHERE id = ?",
+        ),
+    ],
+)
+async def test_a_job_whose_status_disagrees_with_its_outcome_is_refused_by_reads_and_records(
+    db_path: Path, edit: str, status: str, why: str, repair: str
+) -> None:
+    """A job is 'done' exactly when it holds an outcome. A row edited by hand out of that is a
+    CorruptRowError naming it, for every read (one row or a batch) and for a record of its
+    outcome, one or in a batch, which changes nothing; check() names the row, and its repair
+    makes the store take the row again."""
+    run, jobs = await stored_run(db_path, job_count=12)  # beyond the batch decoders' threshold
+    job = jobs[3]
+    async with Store.connect(db_path) as store:
+        if status != "done":  # the edits that make a recorded job look unrecorded
+            assert await store.record_job_outcome(run.id, JobOutcome(job.id, score=1.0))
+    with raw_db(db_path) as conn:
+        conn.execute(edit, (str(job.id),))
+    before = _job_and_run_rows(db_path, run)
+    redelivery = JobOutcome(job.id, score=0.0)
+    async with Store.connect(db_path) as store:
+        calls: list[Callable[[], Awaitable[object]]] = [
+            lambda: store.get_job(job.id),
+            lambda: store.list_jobs(run.id),
+            lambda: store.record_job_outcome(run.id, redelivery),
+            lambda: store.record_job_outcomes(run.id, [JobOutcome(jobs[0].id), redelivery]),
+        ]
+        for call in calls:
+            with pytest.raises(CorruptRowError, match=r"jobs\.status") as caught:
+                await call()
+            assert caught.value.row_id == str(job.id)
+            assert caught.value.value == status
+            assert why in str(caught.value)
+        assert _job_and_run_rows(db_path, run) == before
+        problems = await store.check()
+        assert str(job.id) in [p.row_id for p in problems]
+    with raw_db(db_path) as conn:
+        conn.execute(repair, (str(job.id),))
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        assert await store.record_job_outcome(run.id, redelivery) is (status == "done")
+        assert len(await store.list_jobs(run.id)) == 12
+        assert await store.check() == []
 
 
 async def test_an_outcome_naming_another_job_is_a_corrupt_row(db_path: Path) -> None:
