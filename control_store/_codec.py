@@ -98,15 +98,21 @@ RUN_COLUMNS: Final = "id, manifest, models, epochs, job_count, status, created_a
 JOB_COLUMNS: Final = "id, run_id, spec, status, attempt, outcome"
 
 
+_TZINFO: Final = datetime.tzinfo.__get__  # a datetime's own tzinfo, whatever a subclass says
+
+
 def format_timestamp(value: datetime, *, what: str) -> str:
     """``value`` as fixed-width RFC 3339 UTC text; a naive datetime is refused."""
-    # datetime's own methods, never a subclass's (which could raise, or lie about the time).
-    if value.tzinfo is UTC:  # the common case (utc_now()), no offset arithmetic
+    # datetime's own methods and attributes, never a subclass's (which could raise, or lie
+    # about the time: a tzinfo property saying UTC of a naive time would store text no read
+    # takes back, or an aware one at the wrong instant).
+    zone = _TZINFO(value)
+    if zone is UTC:  # the common case (utc_now()), no offset arithmetic
         return datetime.isoformat(value, timespec="microseconds")[:-6] + "Z"
     try:
-        # The caller's tzinfo (or datetime subclass) runs here: its utcoffset() may raise, or
-        # return what is no timedelta.
-        aware = value.tzinfo is not None and datetime.utcoffset(value) is not None
+        # The caller's tzinfo runs here: its utcoffset() may raise, or return what is no
+        # timedelta.
+        aware = zone is not None and datetime.utcoffset(value) is not None
         if aware:
             value = datetime.astimezone(value, UTC)
     except OverflowError:
@@ -174,9 +180,12 @@ def _check_int(
 ) -> int:
     """``value`` as a plain int (an int subclass's value): msgspec encodes only exact ints.
     ``why_minimum``: why a value below ``minimum`` cannot be, for its message."""
-    if not isinstance(value, int) or isinstance(value, bool):
+    # type(), not isinstance(): an object can claim to be an int with a __class__ property.
+    if not issubclass(type(value), int) or issubclass(type(value), bool):
         raise InvalidInputError(f"{what} must be an int, got {typed(value)}; pass int(...) of it")
-    plain = int.__index__(value)  # for a subclass, a plain int copy: never its own methods
+    plain = int.__index__(
+        cast(int, value)
+    )  # for a subclass, a plain int copy: never its own methods
     if plain < minimum:
         raise InvalidInputError(
             f"{what} is {shown(plain)}, below {minimum}{why_minimum}; nothing was stored: "
@@ -257,12 +266,17 @@ def check_uuid(value: object, *, what: str, otherwise: str = "pass a uuid.UUID")
             f"{what} is a {type(value).__name__} that holds no value (made without "
             f"uuid.UUID.__init__); {otherwise}"
         ) from None
+    except Exception as exc:  # a subclass whose own ``int`` fails
+        raise InvalidInputError(
+            f"{what} is a {type(value).__name__} whose value cannot be read (reading it "
+            f"raised {failure(exc)}); {otherwise}"
+        ) from exc
 
 
 def _check_str(value: object, *, what: str) -> str:
     """``value`` as a plain str (a str subclass's text, numpy.str_ say): msgspec encodes only
     exact strs, and the round trip gives a str back anyway."""
-    if not isinstance(value, str):
+    if not issubclass(type(value), str):  # not isinstance(): see _check_int
         raise InvalidInputError(f"{what} must be a str, got {typed(value)}; pass str(...) of it")
     # For a subclass, a plain str copy, checked as that: never its own __str__, isascii() or
     # encode(), which could say anything (an isascii() that says True of a lone surrogate
@@ -367,15 +381,15 @@ def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, in
             "could never be done)"
         ),
     )
-    _check_int(
+    done_count = _check_int(
         run.done_count, what=f"{where}: done_count", minimum=0, why_minimum=" (a count of jobs)"
     )
     # A run is inserted before its jobs (they refer to it), so it has none done yet, and only
     # the outcomes recorded later may count them and finish it: any other start would leave
     # its counters disagreeing with its jobs (what check() reports).
-    if run.done_count != 0:
+    if done_count != 0:
         raise InvalidInputError(
-            f"{where}: done_count is {shown(run.done_count)}, but a new run has no jobs yet, so "
+            f"{where}: done_count is {shown(done_count)}, but a new run has no jobs yet, so "
             "none done; nothing was stored: insert it with done_count=0 (record_job_outcome(s) "
             "count its jobs as they are done)"
         )
@@ -411,7 +425,7 @@ def outcome_json(outcome: JobOutcome) -> str:
 
 def outcome_params(outcome: JobOutcome) -> tuple[str, str]:
     """``(job id, outcome JSON)``: what recording ``outcome`` binds, checked once for both."""
-    # Hot path as in run_params; _checked_outcome_json explains what this does not accept.
+    # Hot path as in run_params; _checked_outcome_params explains what this does not accept.
     if type(outcome) is JobOutcome:
         job_id, score, error = outcome.job_id, outcome.score, outcome.error
         if (
@@ -422,19 +436,21 @@ def outcome_params(outcome: JobOutcome) -> tuple[str, str]:
         ):
             try:
                 return (uuid_text(job_id), _encode(outcome).decode())
-            except UnicodeEncodeError:  # a lone surrogate: _checked_outcome_json explains
+            except UnicodeEncodeError:  # a lone surrogate: _checked_outcome_params explains
                 pass
-    payload = _checked_outcome_json(outcome)  # checks the type and the job id first
-    return (uuid_text(outcome.job_id), payload)
+    return _checked_outcome_params(outcome)
 
 
-def _checked_outcome_json(outcome: JobOutcome) -> str:
+def _checked_outcome_params(outcome: JobOutcome) -> tuple[str, str]:
+    """As outcome_params, each field read once (a subclass's job_id could name one job for the
+    row's key and another in the payload, a row no read takes), then encoded as plain values."""
     if not isinstance(outcome, JobOutcome):
         raise InvalidInputError(
             f"expected a JobOutcome, got {typed(outcome)}; nothing of this call was recorded: "
             "pass JobOutcome(job_id, score=...)"
         )
-    where = f"outcome for job {check_uuid(outcome.job_id, what='JobOutcome.job_id')}"
+    job_text = check_uuid(outcome.job_id, what="JobOutcome.job_id")
+    where = f"outcome for job {job_text}"
     score = outcome.score
     if score is not None:
         score = _check_score(score, where=where)
@@ -443,26 +459,28 @@ def _checked_outcome_json(outcome: JobOutcome) -> str:
     if error is not None:
         error = _check_str(error, what=f"{where}: error")
     # Encoded from plain values: msgspec refuses subclasses (numpy.float64, numpy.str_).
-    return _json(JobOutcome(outcome.job_id, score, output, error), what=where)
+    plain = JobOutcome(uuid.UUID(job_text), score, output, error)
+    return job_text, _json(plain, what=where)
 
 
 def _check_score(score: object, *, where: str) -> float | int:
     """A score as a plain float, or an int that one holds exactly (read back as that float,
     it compares equal): anything else would not survive the round trip."""
-    if not isinstance(score, int | float) or isinstance(score, bool):
+    kind = type(score)  # not isinstance(): see _check_int
+    if not issubclass(kind, int | float) or issubclass(kind, bool):
         raise InvalidInputError(
             f"{where}: score must be a float or None, got {typed(score)}; pass float(...) of it"
         )
     # A subclass's plain value, checked and stored as that: never its own methods.
-    if isinstance(score, int):
-        whole = int.__index__(score)
+    if issubclass(kind, int):
+        whole = int.__index__(cast(int, score))
         if not -_FLOAT_MAX <= whole <= _FLOAT_MAX or float(whole) != whole:
             raise InvalidInputError(
                 f"{where}: score is {shown(whole)}, an int that a float (what a score is kept "
                 "as) cannot hold exactly; pass float(...) of it"
             )
         return whole
-    real = float.__float__(score)
+    real = float.__float__(cast(float, score))
     if not math.isfinite(real):
         raise InvalidInputError(
             f"{where}: score {shown(real)} is not finite and JSON cannot hold it; "

@@ -1796,25 +1796,30 @@ def insert_jobs_op(jobs: Iterable[Job]) -> Op[int]:
     return RunsOnce(jobs, type(jobs).__name__, one_shot=isinstance(jobs, Iterator))
 
 
-def insert_run_with_jobs_op(run: Run, params: RunParams, jobs: Iterable[Job]) -> Op[int]:
-    """The op of insert_run(run, jobs=...): a RunsOnce unless the jobs can be read again."""
+def insert_run_with_jobs_op(params: RunParams, jobs: Iterable[Job]) -> Op[int]:
+    """The op of insert_run(run, jobs=...), of the run's checked ``params``: a RunsOnce unless
+    the jobs can be read again."""
     if _replayable(jobs):
-        return partial(op_insert_run_with_jobs, run, params, jobs)
+        return partial(op_insert_run_with_jobs, params, jobs)
     kind = type(jobs).__name__
-    return RunsOnce(jobs, kind, one_shot=isinstance(jobs, Iterator), run=(run, params))
+    return RunsOnce(jobs, kind, one_shot=isinstance(jobs, Iterator), run=params)
 
 
 def op_insert_run_with_jobs(
-    run: Run, params: RunParams, jobs: Iterable[Job], conn: sqlite3.Connection
+    params: RunParams, jobs: Iterable[Job], conn: sqlite3.Connection
 ) -> int:
     """The run, then every one of its jobs, in the op's one transaction: a run is never seen
     without all its jobs, so no claim can hand out a run whose submitter died between the
     two (README: "A run comes with its jobs"). A job of another run, or a number
-    of jobs other than the run's job_count, fails the op, and nothing is inserted."""
-    run_id = params[0]
+    of jobs other than the run's job_count, fails the op, and nothing is inserted.
+
+    The run's id and job_count are its checked ``params``, as inserted, never the Run read
+    again: the caller's jobs run in this op, and one may change the Run meanwhile (a frozen
+    struct too, by msgspec.structs.force_setattr), or be a subclass that reads otherwise."""
+    run_id, job_count = params[0], params[4]
     op_insert_run(params, conn)
     # _of_run outside the guard: its refusals are the store's, not the caller's iterable's.
-    counts = _insert_jobs(_of_run(run, run_id, guarded(jobs)), conn, with_run=run_id)
+    counts = _insert_jobs(_of_run(run_id, job_count, guarded(jobs)), conn, with_run=run_id)
     strays = [other for other in counts if other != run_id]
     if strays:  # a run_id whose own __eq__ said it was this run's: the rows say otherwise
         raise InvalidInputError(
@@ -1823,42 +1828,60 @@ def op_insert_run_with_jobs(
             "...))"
         )
     inserted = counts.get(run_id, 0)
-    if inserted != run.job_count:
+    if inserted != job_count:
         raise ConstraintError(
-            f"run {run_id} has job_count {run.job_count}, but insert_run was given {inserted} "
+            f"run {run_id} has job_count {job_count}, but insert_run was given {inserted} "
             f"job{'' if inserted == 1 else 's'} for it; nothing was inserted: pass all "
-            f"{run.job_count} of its jobs, or insert the run alone and its jobs with "
+            f"{job_count} of its jobs, or insert the run alone and its jobs with "
             "insert_jobs, in as many calls as you like (a claim may then hand it out before "
             "they are all in)"
         )
     return inserted
 
 
-def _of_run(run: Run, run_text: str, jobs: Iterable[Job]) -> Iterator[Job]:
-    """``jobs``, refusing one of another run (insert_run's, inserting ``run``), and the job
-    past its job_count as soon as it comes: an endless generator would otherwise hold the
+def _of_run(run_id: str, job_count: int, jobs: Iterable[Job]) -> Iterator[Job]:
+    """``jobs``, refusing one of another run (insert_run's, inserting run ``run_id``), and the
+    job past ``job_count`` as soon as it comes: an endless generator would otherwise hold the
     write lock, and grow the -wal, for as long as it ran. A job that is no Job, or whose
-    run_id is no UUID, goes on to the encoder, which explains it."""
-    run_id = run.id
-    room = run.job_count
+    run_id is no UUID (or one whose own methods fail), goes on to the encoder, which explains
+    it; one whose run_id's own __eq__ lies is found by the rows (op_insert_run_with_jobs)."""
+    number = uuid.UUID(run_id).int
+    room = job_count
     for job in jobs:
         if isinstance(job, Job):  # a subclass's too: the encoder takes it
             other = job.run_id
-            if other is not run_id and isinstance(other, uuid.UUID) and other != run_id:
+            if isinstance(other, uuid.UUID) and _number_of(other) not in (number, None):
                 raise InvalidInputError(
-                    f"job {job.id} belongs to run {other}, not to run {run_id}, which "
+                    f"job {_id_shown(job.id)} belongs to run {_id_shown(other)}, "
+                    f"not to run {run_id}, which "
                     "insert_run was inserting with its jobs; nothing was inserted: give "
                     "insert_run(run, jobs=...) that run's jobs only (Job(run.id, ...)), and "
                     "insert other runs' jobs with insert_jobs"
                 )
         if not room:
             raise ConstraintError(
-                f"run {run_text} has job_count {run.job_count}, but insert_run was given more "
-                f"jobs for it; nothing was inserted: pass exactly {run.job_count} of its jobs, "
+                f"run {run_id} has job_count {job_count}, but insert_run was given more "
+                f"jobs for it; nothing was inserted: pass exactly {job_count} of its jobs, "
                 "and put any others in a new run"
             )
         room -= 1
         yield job
+
+
+def _id_shown(value: object) -> str:
+    """An id for a message: a UUID's canonical text, made from its number (never a subclass's
+    __str__, which may raise or name another id), else as shown() shows any value."""
+    number = _number_of(value) if isinstance(value, uuid.UUID) else None
+    return str(uuid.UUID(int=number)) if number is not None else shown(value)
+
+
+def _number_of(value: uuid.UUID) -> int | None:
+    """A UUID's 128-bit number, as uuid.UUID itself holds it (never a subclass's __eq__), or
+    None if reading it fails (a subclass's own ``int``): the encoder then explains it."""
+    try:
+        return int.__index__(value.int)
+    except Exception:
+        return None
 
 
 @dataclass(slots=True)
@@ -1878,12 +1901,12 @@ class RunsOnce:
     jobs: Iterable[Job]
     kind: str  # the type of the caller's iterable, as the error names it
     one_shot: bool
-    run: tuple[Run, RunParams] | None = None  # insert_run's: the run inserted first
+    run: RunParams | None = None  # insert_run's: the run inserted first
     pulled: bool = False
 
     def __call__(self, conn: sqlite3.Connection) -> int:
         if self.run is not None:
-            return op_insert_run_with_jobs(*self.run, self._watched(), conn)
+            return op_insert_run_with_jobs(self.run, self._watched(), conn)
         return op_insert_jobs(self._watched(), conn)
 
     def _watched(self) -> Iterator[Job]:

@@ -388,7 +388,7 @@ class Store:
             await backend.write(partial(_sqlite.op_insert_run, params), small=True)
             return
         _check_batch(jobs, what="jobs", item=Job, single="wrap a single job in a list")
-        await backend.write(_sqlite.insert_run_with_jobs_op(run, params, jobs))
+        await backend.write(_sqlite.insert_run_with_jobs_op(params, jobs))
 
     async def get_run(self, run_id: uuid.UUID) -> Run | None:
         """The run with this id, or None."""
@@ -540,6 +540,9 @@ class Store:
         that it was consumed, since a retry with it would record nothing, and succeed.
         """
         backend = self._writable("record_job_outcomes")
+        # Before the outcomes are read: a call refused from another loop or process, or on a
+        # closing store, must leave the caller's generator as it was, for the retry it is told.
+        backend.admit()
         if backend.unmigrated is not None:
             await backend.refuse_unmigrated()
         run_key = _id(run_id, what="run_id")
@@ -565,8 +568,7 @@ class Store:
             raised = exc.raised
         if raised is not None:  # raised here, outside the handler, it keeps its own context
             raise raised
-        if not rows and failed is None:  # nothing to send; refused where any call would be
-            backend.admit()
+        if not rows and failed is None:  # nothing to send
             return []
         try:
             if failed is not None:

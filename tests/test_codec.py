@@ -43,7 +43,7 @@ def test_fast_and_checked_paths_encode_and_decode_alike() -> None:
     assert job_row == _codec._checked_job_params(job)
     assert _codec.decode_job(job_row) == _codec._checked_job(job_row) == job
     outcome = JobOutcome(job.id, score=0.25, output="x", error="e")
-    assert _codec.outcome_json(outcome) == _codec._checked_outcome_json(outcome)
+    assert _codec.outcome_json(outcome) == _codec._checked_outcome_params(outcome)[1]
 
 
 def _refusal(encode: Callable[[Any], object], value: object) -> str:
@@ -72,7 +72,7 @@ def test_fast_and_checked_paths_refuse_a_lone_surrogate_alike() -> None:
         assert _refusal(_codec.job_params, subject_job) == message
     for field in ("output", "error"):
         subject_outcome = msgspec.structs.replace(outcome, **{field: bad})
-        message = _refusal(_codec._checked_outcome_json, subject_outcome)
+        message = _refusal(_codec._checked_outcome_params, subject_outcome)
         assert f"{field} holds" in message
         assert _refusal(_codec.outcome_params, subject_outcome) == message
 
@@ -102,8 +102,8 @@ def test_ids_are_written_as_str_writes_them(value: uuid.UUID) -> None:
     assert _codec.job_params(job)[:2] == (text, text)
     assert _codec.job_params(job) == _codec._checked_job_params(job)
     outcome = JobOutcome(value, score=1.0)
-    assert _codec.outcome_json(outcome) == _codec._checked_outcome_json(outcome)
-    assert _codec.outcome_params(outcome) == (text, _codec._checked_outcome_json(outcome))
+    assert _codec.outcome_json(outcome) == _codec._checked_outcome_params(outcome)[1]
+    assert _codec.outcome_params(outcome) == _codec._checked_outcome_params(outcome)
     assert _store._id(value, what="run_id") == text
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from control_store import Job, Run, Store, WrongEventLoopError
+from control_store import Job, JobOutcome, Run, Store, WrongEventLoopError
 
 from _loops import LOOP
 from conftest import (
@@ -95,6 +95,38 @@ async def test_calls_from_another_threads_loop_are_refused_and_change_nothing(ur
         await asyncio.gather(*(store.insert_run(make_run()) for _ in range(8)))
         assert len(await store.list_runs()) == 9
         assert await store.check() == []
+
+
+async def test_a_batch_refused_from_another_loop_leaves_its_generator_unread(url: str) -> None:
+    """A batch call from another loop (or on a closing store) is refused before its items are
+    read: the caller's generator is as it was, for the retry through the store's own loop
+    that the error tells of, which then records them all."""
+    async with Store.connect(url) as store:
+        run = make_run(job_count=2)
+        jobs = make_jobs(run, 2)
+        await store.insert_run(run, jobs=jobs)
+        pulled: list[JobOutcome] = []
+
+        def outcomes() -> Iterator[JobOutcome]:
+            for job in jobs:
+                pulled.append(outcome := JobOutcome(job.id, score=1.0))
+                yield outcome
+
+        given = outcomes()
+        raised: list[BaseException] = []
+
+        def from_another_loop() -> None:
+            try:
+                asyncio.run(store.record_job_outcomes(run.id, given))
+            except BaseException as exc:  # the test looks at it
+                raised.append(exc)
+
+        thread = threading.Thread(target=from_another_loop)
+        thread.start()
+        await asyncio.to_thread(thread.join)
+        assert [type(exc) for exc in raised] == [WrongEventLoopError]
+        assert pulled == []
+        assert await store.record_job_outcomes(run.id, given) == [True, True]
 
 
 async def test_async_with_from_another_threads_loop_is_refused_before_its_block(

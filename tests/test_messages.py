@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta, tzinfo
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from control_store import (
     ConfigurationError,
+    ConstraintError,
     ControlError,
     EvalJob,
     InvalidInputError,
     Job,
+    JobId,
     JobOutcome,
     MigrationError,
     Run,
@@ -262,6 +265,91 @@ async def test_counts_scores_and_times_are_read_by_their_plain_value(store: Stor
     stored = await store.get_run(timed.id)
     assert stored is not None
     assert stored.created_at == datetime(2024, 1, 1, tzinfo=UTC)
+
+
+class _ZoneClaimingTime(datetime):
+    """A datetime whose tzinfo attribute claims a zone its value does not hold."""
+
+    tzinfo = property(lambda self: UTC)
+
+
+class _ShiftyOutcome(JobOutcome, frozen=True):
+    """An outcome whose job_id names one job at first and another from its third read on."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "job_id":
+            _SHIFTY_READS.append(None)
+            return _SHIFTY_IDS[len(_SHIFTY_READS) >= 3]
+        return super().__getattribute__(name)
+
+
+_SHIFTY_READS: list[None] = []
+_SHIFTY_IDS: list[uuid.UUID] = []
+
+
+class _FakeText:
+    """An object that claims to be a str (isinstance() reads its __class__)."""
+
+    __class__ = property(lambda self: str)
+
+
+def _hostile(*args: object) -> Any:
+    raise ValueError("hostile")
+
+
+class _UnreadableId(uuid.UUID):
+    """A UUID subclass whose own int raises once made (uuid.UUID.__init__ sets it)."""
+
+    int = property(_hostile, lambda self, value: None)  # type: ignore[misc]
+
+
+async def test_each_field_of_a_call_is_read_once_and_by_its_own_class(store: Store) -> None:
+    """What a call checks is what it stores: a field read again later (a subclass's value
+    that changes, a Run changed by the caller's own jobs generator) or through a subclass's
+    attribute could store a row no read takes back (a created_at text with no offset, which
+    then stopped every claim; an outcome naming another job than its row) or a run short of
+    its jobs. An object that fakes its class, or an id whose value cannot be read, is an
+    InvalidInputError, never its own exception."""
+    with pytest.raises(InvalidInputError, match=r"created_at .* has no time zone"):
+        await store.insert_run(Run("m", ["a"], 1, 1, created_at=_ZoneClaimingTime(2026, 1, 1)))
+    plus_five = timezone(timedelta(hours=5))
+    aware = Run("m", ["a"], 1, 1, created_at=_ZoneClaimingTime(2026, 1, 1, 12, tzinfo=plus_five))
+    await store.insert_run(aware)
+    stored = await store.get_run(aware.id)
+    assert stored is not None
+    assert stored.created_at == datetime(2026, 1, 1, 7, tzinfo=UTC)  # the instant, in UTC
+
+    run = make_run(2)
+    first, second = make_jobs(run, 2)
+    await store.insert_run(run, jobs=[first, second])
+    _SHIFTY_IDS[:] = [first.id, second.id]
+    assert await store.record_job_outcome(run.id, _ShiftyOutcome(first.id, score=1.0))
+    jobs = {job.id: job for job in await store.list_jobs(run.id)}  # every row reads
+    assert jobs[first.id].outcome == JobOutcome(first.id, score=1.0)
+    assert jobs[second.id].outcome is None
+
+    short = Run("m", ["a"], 1, 3)
+
+    def shrinking() -> Iterator[Job]:
+        yield Job(short.id, EvalJob("a", "0", 0))
+        yield Job(short.id, EvalJob("a", "1", 0))
+        msgspec.structs.force_setattr(short, "job_count", 2)
+
+    with pytest.raises(ConstraintError, match=r"job_count 3, but insert_run was given 2 jobs"):
+        await store.insert_run(short, jobs=shrinking())
+    assert await store.get_run(short.id) is None
+
+    fake = JobOutcome(second.id, output=_FakeText())  # type: ignore[arg-type]
+    unreadable = Job(run.id, EvalJob("a", "2", 0), id=JobId(_UnreadableId(int=2)))
+    calls: list[tuple[Callable[[], Awaitable[object]], str]] = [
+        (lambda: store.record_job_outcome(run.id, fake), "output must be a str"),
+        (lambda: store.get_run(_UnreadableId(int=1)), "whose value cannot be read"),
+        (lambda: store.insert_jobs([unreadable]), "whose value cannot be read"),
+    ]
+    for call, words in calls:
+        with pytest.raises(InvalidInputError, match=words):
+            await call()
+    assert await store.check() == []
 
 
 class _EmptyId(uuid.UUID):

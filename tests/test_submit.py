@@ -150,11 +150,11 @@ async def test_a_run_id_that_lies_about_equality_cannot_slip_a_job_into_another_
     store: Store,
 ) -> None:
     """A job whose run_id is a UUID subclass claiming to equal the run's id, but naming another
-    run: refused by the rows the job would make, and nothing is inserted."""
+    run: refused by the number it holds, never by its own __eq__, and nothing is inserted."""
     run, other = make_run(job_count=2), make_run(job_count=5)
     await store.insert_run(other)
     liar = Job(_Liar(int=other.id.int), EvalJob("m", "s", 0))
-    with pytest.raises(InvalidInputError, match=rf"belongs to run {other.id}; nothing"):
+    with pytest.raises(InvalidInputError, match=rf"belongs to run {other.id}, not to run {run.id}"):
         await store.insert_run(run, jobs=[make_jobs(run)[0], liar])
     await assert_absent(store, run)
     assert await store.list_jobs(other.id) == []
