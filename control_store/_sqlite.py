@@ -706,8 +706,17 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
             )
         elif name == "SQLITE_CONSTRAINT_FOREIGNKEY":
             error = MissingRunError(f"a job refers to a run that does not exist [{detail}]")
-        elif name in ("SQLITE_CONSTRAINT_PRIMARYKEY", "SQLITE_CONSTRAINT_UNIQUE"):
+        elif name == "SQLITE_CONSTRAINT_PRIMARYKEY":
             error = AlreadyExistsError(f"a row with this id already exists [{detail}]")
+        elif name == "SQLITE_CONSTRAINT_UNIQUE":
+            # Never an id (a primary key fails as PRIMARYKEY): a unique index of someone's own,
+            # or one of this schema's remade UNIQUE, which check() reports.
+            error = ConstraintError(
+                f"{database} refused the write: a unique index this store's schema does not "
+                f"make already holds the value [{detail}]; nothing of this call was written: "
+                "drop that index if the store's rows are to be written (SELECT name, sql FROM "
+                "sqlite_schema WHERE type = 'index' lists them), or write another value"
+            )
         elif name.startswith("SQLITE_CONSTRAINT"):
             error = ConstraintError(f"{database} refused the write [{detail}]")
         elif name == "SQLITE_FULL":
@@ -2248,7 +2257,12 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
                 and _shape(conn, kind, part.name, table) == shape
             ):
                 continue
-            drop = f"DROP INDEX {part.name}; " if kind == "index" else ""
+            # What holds the name goes first: an index or a view by a DROP, a table (someone's
+            # rows) by a rename, which loses nothing.
+            drop = {
+                None: "",
+                "table": f"ALTER TABLE {part.name} RENAME TO {part.name}_moved; ",
+            }.get(kind, f"DROP {str(kind).upper()} {part.name}; ")
             report(
                 f"the schema lacks index {part.name} as this release made it ({part.sql}); "
                 f"make it again: {drop}{part.sql}"
@@ -2309,6 +2323,21 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
                 "https://sqlite.org/lang_altertable.html#otheralter)"
             )
             continue
+        clauses = _CONFLICT_CLAUSE.findall(_code_of(definitions.get(part.name, "")))
+        if clauses:
+            # pragma_table_info does not show them: an insert of a stored id would then replace
+            # the stored row (REPLACE: a recorded job made new again, a running run queued
+            # again) or be dropped without a word (IGNORE), where the store refuses it.
+            made_with = ", ".join(sorted({" ".join(c.upper().split()) for c in clauses}))
+            report(
+                f"table {part.name} is made with {made_with}, "
+                "which this release's table has not (a table rebuilt by hand): an insert of an "
+                "id already stored would replace the stored row, or be dropped, instead of "
+                "being refused; restore the database from a backup (without one, make it again "
+                f"as this release does, {part.sql}, under another name, copy its rows over and "
+                "swap the two, as SQLite's procedure for other table changes does: "
+                "https://sqlite.org/lang_altertable.html#otheralter)"
+            )
         columns, keys, _ = _shape(conn, "table", part.name, part.name)
         by_name = {column[0]: column for column in columns}
         strangers = [column[0] for column in columns if column[0] not in part.column_names]
@@ -2367,6 +2396,22 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
                 "restore the database from a backup"
             )
     return not unsound
+
+
+# A conflict clause of a column or table constraint (none in this release's tables), in a
+# CREATE TABLE's text with its strings, quoted names and comments taken out (_code_of).
+_CONFLICT_CLAUSE: Final = re.compile(
+    r"\bON\s+CONFLICT\s+(?:ROLLBACK|ABORT|FAIL|IGNORE|REPLACE)\b", re.IGNORECASE
+)
+_NOT_CODE: Final = re.compile(
+    r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`[^`]*`|\[[^\]]*\]|--[^\n]*|/\*.*?\*/", re.S
+)
+
+
+def _code_of(sql: str) -> str:
+    """``sql`` without its string literals, quoted names and comments: the words left are
+    keywords and bare names."""
+    return _NOT_CODE.sub(" ", sql)
 
 
 # A CREATE TABLE's table options, after its closing parenthesis.

@@ -11,6 +11,7 @@ from typing import Final
 import pytest
 
 from control_store import (
+    AlreadyExistsError,
     ConstraintError,
     ControlError,
     CorruptRowError,
@@ -218,6 +219,78 @@ async def test_a_table_rebuilt_with_table_options_is_named(db_path: Path, option
         m.startswith(f"table jobs is made {option}, not as this release made it") for m in messages
     ), messages
     assert messages[-1].startswith("the row-level checks were skipped")
+
+
+@pytest.mark.parametrize("clause", ["ON CONFLICT REPLACE", "on  conflict ignore"])
+async def test_a_primary_key_rebuilt_with_a_conflict_clause_is_named(
+    db_path: Path, clause: str
+) -> None:
+    """jobs rebuilt by hand with its primary key ON CONFLICT REPLACE (or IGNORE), which
+    pragma_table_info does not show: an insert of a stored job id replaced the recorded job
+    with a new one (or dropped the insert without a word) where the store refuses it. check()
+    names the clause; the same words in a default's text or a comment are no clause."""
+    messages = await _jobs_rebuilt(
+        db_path, lambda sql: sql.replace("PRIMARY KEY NOT NULL", f"PRIMARY KEY {clause} NOT NULL")
+    )
+    shown = " ".join(clause.upper().split())
+    assert messages[0].startswith(f"table jobs is made with {shown}, which this release's"), (
+        messages
+    )
+    assert len(messages) == 1, messages  # the rows are read as ever
+    quiet = await _jobs_rebuilt(
+        db_path.with_name("quiet.db"),
+        lambda sql: sql.replace(
+            "outcome  TEXT",
+            "outcome TEXT -- on conflict ignore\n, CHECK (status != 'on conflict replace')",
+        ),
+    )
+    assert quiet == []
+
+
+async def test_a_write_refused_by_a_unique_index_of_the_users_is_no_already_exists(
+    store: Store,
+) -> None:
+    """A unique index of someone's own on the store's tables (check() leaves it be) refuses a
+    run or job whose id is new: a ConstraintError saying which index-held value it is, not
+    AlreadyExistsError's "a row with this id already exists"."""
+    backend = store._open()
+    await backend.read(
+        lambda conn: conn.execute("CREATE UNIQUE INDEX one_manifest ON runs (manifest)")
+    )
+    await store.insert_run(make_run())
+    with pytest.raises(ConstraintError) as caught:
+        await store.insert_run(make_run())
+    assert not isinstance(caught.value, AlreadyExistsError)
+    assert "a unique index this store's schema does not make already holds the value" in str(
+        caught.value
+    )
+    assert "UNIQUE constraint failed: runs.manifest" in str(caught.value)
+    assert len(await store.list_runs()) == 1
+
+
+@pytest.mark.parametrize(
+    "holder", ["VIEW idx_runs_created AS SELECT 1", "TABLE idx_runs_created (a)"]
+)
+async def test_an_index_whose_name_another_object_holds_gets_a_repair_that_works(
+    db_path: Path, holder: str
+) -> None:
+    """A view or a table standing under the name of one of this release's indexes: the repair
+    moves it out of the way (a view dropped, a table, someone's rows, renamed), then makes the
+    index; followed as written, nothing is left to find."""
+    await stored_run(db_path)
+    with raw_db(db_path) as conn:
+        conn.execute("DROP INDEX idx_runs_created")
+        conn.execute(f"CREATE {holder}")
+        if holder.startswith("TABLE"):
+            conn.execute("INSERT INTO idx_runs_created VALUES ('kept')")
+    (problem,) = await _check(db_path)
+    assert "lacks index idx_runs_created as this release made it" in problem.message
+    with raw_db(db_path) as conn:
+        conn.executescript(problem.message.split("make it again: ")[1])
+    assert await _check(db_path) == []
+    if holder.startswith("TABLE"):
+        with raw_db(db_path) as conn:
+            assert conn.execute("SELECT a FROM idx_runs_created_moved").fetchall() == [("kept",)]
 
 
 async def test_a_foreign_key_rebuilt_with_an_action_is_named(db_path: Path) -> None:
