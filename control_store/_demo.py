@@ -26,7 +26,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Final, Protocol
@@ -152,19 +152,35 @@ class Stopped(Exception):
 
 def make_runs(
     config: DemoConfig, stop: threading.Event | None = None
-) -> Iterator[tuple[Run, Iterator[Job]]]:
+) -> Iterator[tuple[Run, Iterable[Job]]]:
     """The demo's runs, each with its jobs: every model on every sample in every epoch.
 
-    The jobs come as a generator, not a list: a run may hold a million jobs (see the CLI's
-    size limits), whose list would take seconds to build on the event loop, deaf to signals
-    meanwhile, and a gigabyte to hold. insert_jobs consumes the generator on the store's
-    thread, one job at a time. Once ``stop`` is set, the generator raises Stopped at its next
-    job, so the insert rolls back instead of running on after the demo was interrupted.
+    The jobs are generated as they are read, not listed: a run may hold a million jobs (see
+    the CLI's size limits), whose list would take seconds to build on the event loop, deaf to
+    signals meanwhile, and a gigabyte to hold. insert_jobs reads them on the store's thread,
+    one job at a time. Once ``stop`` is set, the generator raises Stopped at its next job, so
+    the insert rolls back instead of running on after the demo was interrupted.
     """
     models = config.model_names()
     for index in range(config.runs):
         run = Run(f"demo/suite-{index + 1}.yaml", models, config.epochs, config.jobs_per_run)
-        yield run, _jobs_of(run, config, models, stop or threading.Event())
+        yield run, _RunJobs(run, config, models, stop or threading.Event())
+
+
+@dataclass(frozen=True, slots=True)
+class _RunJobs:
+    """A run's jobs, made anew each time they are iterated: an iterable, not a one-shot
+    generator, so that an insert failing part-way leaves them whole, and its error does not
+    tell the operator to pass the store a new generator, which only a caller of the library
+    could do."""
+
+    run: Run
+    config: DemoConfig
+    models: list[str]
+    stop: threading.Event
+
+    def __iter__(self) -> Iterator[Job]:
+        return _jobs_of(self.run, self.config, self.models, self.stop)
 
 
 def _jobs_of(
@@ -500,7 +516,7 @@ async def submit(store: Store, config: DemoConfig, submitted: Submitted | None =
     return done.runs
 
 
-async def _submit_run(store: Store, run: Run, jobs: Iterator[Job], done: Submitted) -> None:
+async def _submit_run(store: Store, run: Run, jobs: Iterable[Job], done: Submitted) -> None:
     await store.insert_run(run)
     done.without_jobs = run
     await store.insert_jobs(jobs)

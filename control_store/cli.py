@@ -1040,6 +1040,13 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
             args.demo_stage = "running"
             try:
                 result = await _demo.run_fleet(config, progress.update)
+            except OSError as exc:  # no process, pipe or shared memory to be had
+                args.demo_requeued = await _requeue_stranded(args, store, runs)
+                raise Failure(
+                    f"the demo's scheduler processes could not be started or watched ({exc}); "
+                    "with fewer --processes the demo needs fewer processes and open files (see "
+                    "ulimit -u and -n), and multiprocessing needs a writable /dev/shm"
+                ) from exc
             except BaseException:
                 # Stopped (a signal, output gone, an error): run_fleet has ended every scheduler
                 # process, and the runs they held would stay 'running' for good.
@@ -1736,6 +1743,8 @@ def _main(args: argparse.Namespace) -> int:
             message += " (here: --busy-timeout SECONDS)"
         if getattr(args, "url_error", None) is exc and getattr(args, "url_from_env", False):
             message += f" {_FROM_ENV}"
+        if command is cmd_demo and getattr(args, "demo_stage", None) in ("submitting", "running"):
+            message += f"; so the demo stopped; {_demo_leftovers(args)}"
         _complain(f"{PROG}: error: {message}")
         if isinstance(exc, UsageError):
             return EXIT_USAGE

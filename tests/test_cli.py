@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import importlib.metadata
 import io
 import json
@@ -1995,6 +1996,60 @@ def test_interrupted_demo_exits_130_with_what_to_do(
     assert _run_statuses(path) == {"queued": 3}  # none left 'running' with nobody on it
 
 
+def test_a_demo_whose_processes_cannot_start_says_so_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler processes cannot be started (too many open files, a read-only /dev/shm):
+    one line saying so, what would help, and what the demo left; exit 1, no traceback, and no
+    run left 'running' by a scheduler that got as far as a claim."""
+
+    async def no_processes(config: demo.DemoConfig, on_progress: object) -> demo.FleetResult:
+        async with Store.connect(config.url) as scheduler:
+            assert await scheduler.claim_next_run() is not None
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(demo, "run_fleet", no_processes)
+    path = tmp_path / "demo.db"
+    code, _, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
+    assert code == cli.EXIT_FAILURE
+    (line,) = err.splitlines()
+    assert line.startswith(
+        "control-store: error: the demo's scheduler processes could not be started or watched "
+        "([Errno 24] Too many open files); with fewer --processes"
+    ), line
+    assert f"so the demo stopped; its unfinished runs stay in {path}" in line
+    assert _run_statuses(path) == {"queued": 3}
+
+
+def test_a_demo_whose_submission_fails_says_what_it_wrote(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The store refuses a write while the demo writes its runs (here a trigger, as a full disk
+    or a lock held past --busy-timeout would): the error, then what the file now holds and what
+    the next demo needs, in one line; nothing of the library's advice to a caller about a
+    consumed generator, which an operator cannot act on."""
+    path = tmp_path / "demo.db"
+    code, _, _ = run_cli(capsys, "migrate", "--url", str(path))
+    assert code == 0
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        # The second run's third job is refused: SMALL_DEMO's runs have 20 jobs each.
+        conn.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON jobs WHEN (SELECT count(*) FROM jobs) >= 22 "
+            "BEGIN SELECT RAISE(ABORT, 'refused for the test'); END"
+        )
+    code, _, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
+    assert code == cli.EXIT_FAILURE
+    (line,) = err.splitlines()
+    assert line.startswith(f"control-store: error: database '{path}' refused the write"), line
+    assert "refused for the test" in line
+    assert "so the demo stopped; it had written 1 of its 3 runs with their jobs" in line
+    assert "without its jobs" in line
+    assert "another --url" in line
+    assert "one-shot" not in line
+    assert "generator" not in line
+    assert _run_statuses(path) == {"queued": 2}
+
+
 def _run_statuses(path: Path) -> dict[str, int]:
     with contextlib.closing(sqlite3.connect(path)) as conn:
         rows = conn.execute("SELECT status, count(*) FROM runs GROUP BY status").fetchall()
@@ -2091,8 +2146,10 @@ def test_demo_takes_sizes_up_to_its_limits(
     monkeypatch.setattr(demo, "submit", submit)
     argv = ["--runs", "2", "--models", "5", "--samples", "50000", "--epochs", "2"]
     argv += ["--schedulers", "1000", "--processes", "32", "--workers", "1000"]
-    code, _, err = run_cli(capsys, "demo", *argv, "--url", str(tmp_path / "demo.db"))
-    assert (code, err) == (1, "control-store: error: stop here\n")
+    path = tmp_path / "demo.db"
+    code, _, err = run_cli(capsys, "demo", *argv, "--url", str(path))
+    stopped = f"so the demo stopped; it had submitted no runs to {path}"
+    assert (code, err) == (1, f"control-store: error: stop here; {stopped}\n")
     (config,) = submitted
     assert config.total_jobs == cli.MAX_DEMO_JOBS
     assert (config.processes, config.workers) == (32, demo.DISPATCH_PAGE)
