@@ -258,10 +258,16 @@ _IGNORABLE: Final = re.compile(
 _NOT_PRINTABLE_ASCII: Final = re.compile(r"[^\x20-\x7e]")
 
 
-def _printable(text: str) -> str:
+def _printable(text: str, *, data: bool = True) -> str:
     """``text`` with every character that could drive the terminal, reorder the line or draw as
     nothing shown as its escape (\\n, \\x1b, \\x85, \\u200b, \\U000e0041), for output meant for
-    a person; JSON escapes control characters itself, and keeps the rest as stored."""
+    a person; JSON escapes control characters itself, and keeps the rest as stored.
+
+    Stored ``data`` has its backslashes doubled first, as repr() does: else a name holding a
+    backslash and an n would show as the name holding a line break does (its escape), two
+    names as one. A message (not data) names values by their repr(), backslashes doubled."""
+    if data and "\\" in text:
+        text = text.replace("\\", "\\\\")
     if not (text.isascii() and text.isprintable()):  # else, the common case: nothing to look up
         text = _NOT_PRINTABLE_ASCII.sub(_escape_unsafe, text)
     if text[:1] == " " or text[-1:] == " ":
@@ -339,8 +345,9 @@ def _table(
     """Left-aligned columns; the last column is cut to the terminal's width. Every cell is
     shown printable (see _printable). Returns the widths used; ``after``: the widths of the
     part of the same table printed before (its heading included), which a column keeps
-    unless this part's rows are wider."""
-    rows = [[term.shown(_printable(cell)) for cell in row] for row in rows]
+    unless this part's rows are wider. A cell of stored data comes _printable already (its
+    backslashes doubled once, not again here)."""
+    rows = [[term.shown(_printable(cell, data=False)) for cell in row] for row in rows]
     widths = [max(len(h), *(_columns(r[i]) for r in rows)) for i, h in enumerate(header)]
     if after is not None:
         widths = [max(pair) for pair in zip(widths, after, strict=True)]
@@ -475,7 +482,7 @@ def _printf_quote(arg: str) -> str:
 
 def _shown(args: argparse.Namespace) -> str:
     """The URL as messages show it: any password replaced, control characters escaped."""
-    return _printable(_sqlite.redact(_url(args)))
+    return _printable(_sqlite.redact(_url(args)), data=False)
 
 
 # The demo's processes all open one file and write at once: a longer default wait for the lock.
@@ -593,7 +600,10 @@ async def cmd_migrate(args: argparse.Namespace, out: Terminal) -> int:
             listed = [asdict(r) | {"applied": r.state == "applied"} for r in records]
             out.print(out.json(listed))
         else:
-            rows = [[str(r.version), r.description, r.state, r.installed_on or ""] for r in records]
+            rows = [
+                [str(r.version), _printable(r.description), r.state, r.installed_on or ""]
+                for r in records
+            ]
             _table(out, ["VERSION", "DESCRIPTION", "STATE", "INSTALLED ON"], rows)
         if refused is not None:
             out.flush()
@@ -930,7 +940,13 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
     if overall.done:
         out.print()
         rows = [
-            [model, f"{s.done:,}", f"{s.scored:,}", _score(s.mean_score), f"{s.errors:,}"]
+            [
+                _printable(model),
+                f"{s.done:,}",
+                f"{s.scored:,}",
+                _score(s.mean_score),
+                f"{s.errors:,}",
+            ]
             for model, s in per_model.items()
         ]
         _table(out, ["MODEL", "DONE", "SCORED", "MEAN", "ERRORS"], rows)
@@ -975,7 +991,7 @@ async def cmd_check(args: argparse.Namespace, out: Terminal) -> int:
     elif problems:
         for problem in problems:
             where = _printable(f"{problem.table} {problem.row_id}".strip())
-            out.print(f"{where}: {_printable(problem.message)}")
+            out.print(f"{where}: {_printable(problem.message, data=False)}")
         plural = "s" if len(problems) != 1 else ""
         out.print(f"{len(problems)} problem{plural} found in {_shown(args)}")
     else:
@@ -1633,7 +1649,7 @@ def _complain(line: str) -> None:
     if sys.stderr is None:  # started with stderr closed (2>&-): print would pick stdout
         return
     with contextlib.suppress(OSError):
-        print(_printable(line), file=sys.stderr)
+        print(_printable(line, data=False), file=sys.stderr)
         sys.stderr.flush()
 
 

@@ -605,6 +605,32 @@ def test_spaces_other_than_the_plain_space_and_blank_symbols_are_escaped() -> No
         assert cli._printable(f"gpt{char}x") == f"gpt{shown}x"
 
 
+def test_a_name_holding_a_backslash_never_shows_as_one_holding_an_escape(
+    capsys: pytest.CaptureFixture[str], db_path: Path
+) -> None:
+    """A model named with a backslash and "u200b", beside one holding a zero width space (shown
+    as its escape \\u200b), and one with a backslash and "n" beside one holding a line break:
+    four rows, four names, in `show` and `runs`, the backslash doubled as repr() doubles it."""
+    models = ["gpt-x\u200b", "gpt-x\\u200b", "a\nb", "a\\nb"]
+    run = Run("C:\\suite.yaml", models, 1, 4)
+
+    async def populate() -> None:
+        async with Store.connect(db_path) as store:
+            jobs = [Job(run.id, EvalJob(model, "q", 0)) for model in models]
+            await store.insert_run(run, jobs=jobs)
+            await store.record_job_outcomes(run.id, [JobOutcome(job.id) for job in jobs])
+
+    asyncio.run(populate())
+    code, out, err = run_cli(capsys, "show", str(run.id), "--url", str(db_path))
+    assert (code, err) == (0, "")
+    shown = [line.split()[0] for line in out.splitlines() if line.startswith(("gpt-x", "a"))]
+    assert shown == ["gpt-x\\u200b", "gpt-x\\\\u200b", "a\\nb", "a\\\\nb"]
+    assert "manifest  C:\\\\suite.yaml\n" in out
+    code, out, err = run_cli(capsys, "runs", "--url", str(db_path))
+    assert (code, err) == (0, "")
+    assert "gpt-x\\u200b, gpt-x\\\\u200b, a\\nb, a\\\\nb" in out
+
+
 def test_names_that_differ_by_an_invisible_character_show_differently(
     capsys: pytest.CaptureFixture[str], db_path: Path
 ) -> None:
