@@ -661,6 +661,7 @@ def _check_place(path: str, name: str) -> None:
     try:
         mode = os.stat(path).st_mode  # through a symlink, as SQLite opens it
     except FileNotFoundError:  # none yet (or a dangling symlink): SQLite creates it
+        _check_new_file(path, name)
         return
     if not stat.S_ISREG(mode):
         # SQLite would open it all the same: a FIFO blocks the open until a writer comes, and
@@ -671,6 +672,35 @@ def _check_place(path: str, name: str) -> None:
             "a regular file, or a path where none exists yet for the store to create"
         )
 
+
+def _check_new_file(path: str, name: str) -> None:
+    """Refuse a file SQLite is to create where it cannot: the target of a dangling symlink in a
+    directory that does not exist, or a name too long for its journal's (SQLite's failure,
+    "unable to open database file", reads as a disk fault, and left an empty file behind)."""
+    target = Path(os.path.realpath(path))
+    if target != Path(os.path.abspath(path)) and not target.parent.is_dir():
+        raise ConfigurationError(
+            f"cannot open {name}: it is a symlink to {str(target)!r}, whose directory "
+            f"{str(target.parent)!r} does not exist; create it first, or point the symlink at "
+            "a file in a directory that exists"
+        )
+    try:
+        longest = os.pathconf(target.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        longest = 255  # what Linux, macOS and Windows file systems allow
+    size = len(os.fsencode(target.name))
+    if size + len(_JOURNAL_SUFFIX) > longest:
+        raise ConfigurationError(
+            f"cannot open {name}: its file name is {size} bytes long, and the name of "
+            f"SQLite's journal beside it (the name and {_JOURNAL_SUFFIX!r}) would be "
+            f"{size + len(_JOURNAL_SUFFIX)}, past this file system's limit of {longest}; give "
+            f"the database a name of at most {longest - len(_JOURNAL_SUFFIX)} bytes"
+        )
+
+
+# The longest name SQLite gives a file beside the database: its rollback journal's, used before
+# the switch to WAL (the -wal and -shm files are shorter).
+_JOURNAL_SUFFIX: Final = "-journal"
 
 _FILE_KINDS: Final = {
     stat.S_IFIFO: "a FIFO (named pipe)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -430,6 +431,26 @@ async def test_a_file_that_is_not_sqlite_is_refused_and_left_untouched(tmp_path:
         await Store.connect(path)
     assert path.read_bytes() == content
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.db"]
+
+
+async def test_a_file_sqlite_could_not_create_is_refused_saying_why(tmp_path: Path) -> None:
+    """A name too long for the journal SQLite makes beside it (the name plus '-journal'), or a
+    dangling symlink into a directory that does not exist: SQLite's "unable to open database
+    file" read as a disk fault to retry, and the long name left an empty file. Refused first,
+    naming the cause; no file is made, and the longest name that fits works."""
+    longest = os.pathconf(tmp_path, "PC_NAME_MAX")
+    fits = longest - len("-journal")
+    link = tmp_path / "link.db"
+    link.symlink_to(tmp_path / "nowhere" / "x.db")
+    for path, words in (
+        (tmp_path / ("b" * (fits + 1)), f"give the database a name of at most {fits} bytes"),
+        (link, f"it is a symlink to '{tmp_path / 'nowhere' / 'x.db'}', whose directory"),
+    ):
+        with pytest.raises(ConfigurationError, match=re.escape(words)):
+            await Store.connect(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.db"]
+    async with Store.connect(tmp_path / ("b" * fits)) as store:
+        assert await store.list_runs() == []
 
 
 @pytest.mark.parametrize("migrate", [True, False])
