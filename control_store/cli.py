@@ -115,18 +115,20 @@ class Terminal:
     color: bool
     width: int
     encoding: str = "utf-8"
+    dumb: bool = False  # a terminal that takes no escape sequences at all (TERM=dumb)
 
     @classmethod
     def of(cls, stream: TextIO) -> Terminal:
         tty = stream.isatty()
         encoding = (getattr(stream, "encoding", None) or "ascii").lower()
         encoding = encoding.replace("-", "").replace("_", "")
-        color = tty and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+        dumb = tty and os.environ.get("TERM") == "dumb"
+        color = tty and not dumb and "NO_COLOR" not in os.environ
         # Off a terminal (a pipe, a file) nothing is cut: the reader may be grep.
         width = _width() if tty else 1_000_000
         unicode = encoding in ("utf8", "utf16", "utf32")
         codec = getattr(stream, "encoding", None) or "ascii"
-        return cls(stream, tty, unicode, color, width, "utf-8" if unicode else codec)
+        return cls(stream, tty, unicode, color, width, "utf-8" if unicode else codec, dumb)
 
     @property
     def ellipsis(self) -> str:
@@ -739,8 +741,10 @@ def _runs_table(
         max(len(h), *(len(r[i]) for r in rows), *([] if after is None else [after[i]])) + 2
         for i, h in enumerate(header[:-1])
     )
+    # The column is as wide as its heading at least, which the table shows whatever is left.
+    room = max(out.width - used, len(header[-1]))
     for row, run in zip(rows, runs, strict=True):
-        row.append(_fit_names([_printable(m) for m in run.models], out.width - used))
+        row.append(_fit_names([_printable(m) for m in run.models], room))
     return _table(out, header, rows, after=after)
 
 
@@ -765,7 +769,7 @@ def _fit_names(names: Sequence[str], width: int) -> str:
         if joined + len(rest) <= width:
             return ", ".join(names[:shown]) + rest
         joined -= len(names[shown - 1]) + 2  # the last name shown and the ", " before it
-    return f"{count} models" if names else ""
+    return f"{count} model{'' if count == 1 else 's'}" if names else ""
 
 
 def _fraction(run: Run) -> str:
@@ -1273,6 +1277,7 @@ class _Progress:
         self._enabled = enabled
         self._last_line = 0.0
         self._shown = False
+        self._drawn = 0  # columns of the line last drawn, which the next covers on a dumb one
 
     def _line(self, snap: Snapshot) -> str:
         rate = snap.recorded / snap.elapsed if snap.elapsed > 0 else 0.0
@@ -1288,9 +1293,12 @@ class _Progress:
         if not self._enabled:
             return
         if self._out.tty:
-            self._out.write(
-                "\r\x1b[K" + _clip(self._line(snap), self._out.width - 1, self._out.ellipsis)
-            )
+            line = _clip(self._line(snap), self._out.width - 1, self._out.ellipsis)
+            if self._out.dumb:  # no ESC[K to erase the line: spaces cover what is left of it
+                drawn, self._drawn = self._drawn, _columns(line)
+                self._out.write("\r" + line + " " * max(0, drawn - self._drawn))
+            else:
+                self._out.write("\r\x1b[K" + line)
             self._out.flush()
             self._shown = True
         elif snap.elapsed - self._last_line >= 1.0:

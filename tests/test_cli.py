@@ -323,7 +323,7 @@ def test_fit_names_keeps_its_output_for_small_lists() -> None:
     assert cli._fit_names(abc, 3) == "3 models"  # even "a +2" is 4: the count, whatever its size
     assert cli._fit_names(abc, -5) == "3 models"
     assert cli._fit_names(["abcdef"], 6) == "abcdef"
-    assert cli._fit_names(["abcdef"], 5) == "1 models"
+    assert cli._fit_names(["abcdef"], 5) == "1 model"
     # Twelve names n0..n11: "n0, n1, n2 +9" is 13 characters, "n0, n1 +10" is 10.
     twelve = [f"n{i}" for i in range(12)]
     assert cli._fit_names(twelve, 13) == "n0, n1, n2 +9"
@@ -331,6 +331,18 @@ def test_fit_names_keeps_its_output_for_small_lists() -> None:
     # An empty last name: all of "a, " (3) fits where "a +1" (4) does not.
     assert cli._fit_names(["a", ""], 3) == "a, "
     assert cli._fit_names(["a", ""], 2) == "2 models"
+
+
+def test_a_narrow_terminal_still_shows_a_short_model_name() -> None:
+    """On an 80-column terminal the fixed columns leave the MODELS column no more than its
+    heading: a name that fits the heading's width is shown, not cut down to "1 mod…"."""
+    stream = io.StringIO()
+    term = cli.Terminal(stream, tty=True, unicode=True, color=False, width=80)
+    run = Run("suite.yaml", ["a"], 1, 10, created_at=datetime(2026, 1, 1, tzinfo=UTC))
+    cli._runs_table(term, [run], datetime(2026, 1, 2, tzinfo=UTC))
+    header, row = stream.getvalue().splitlines()
+    assert header.endswith("MODELS")
+    assert row.endswith("  a"), row
 
 
 class _CountingNames(list[str]):
@@ -1354,6 +1366,31 @@ def test_progress_rewrites_one_line_on_a_terminal() -> None:
     text = stream.getvalue()
     assert text.count("\r\x1b[K") == 2
     assert text.endswith(" 7/10 jobs recorded  runs done 0/2  duplicates absorbed 1  35 jobs/s\n")
+
+
+def test_progress_on_a_dumb_terminal_covers_the_last_line_with_spaces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TERM=dumb takes no escape sequence, ESC[K included: each update returns to the start
+    of the line and covers what is left of the longer line before with spaces."""
+    monkeypatch.setenv("TERM", "dumb")
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Tty()
+    term = cli.Terminal.of(stream)
+    assert (term.dumb, term.color) == (True, False)
+    progress = cli._Progress(term, jobs=1000, runs=2, enabled=True)
+    progress.update(demo.Snapshot(1001, 1000, 1, 0, 0, 0.1))  # 10,000 jobs/s
+    progress.update(demo.Snapshot(1001, 1000, 1, 0, 0, 100.0))  # 10 jobs/s: a shorter line
+    progress.finish()
+    text = stream.getvalue()
+    assert "\x1b" not in text
+    first, second = text.rstrip("\n").split("\r")[1:]
+    assert second.endswith("10 jobs/s" + " " * (len(first) - len(second.rstrip(" "))))
+    assert len(second) == len(first)
 
 
 def test_progress_prints_plain_lines_at_most_each_second_off_a_terminal() -> None:
