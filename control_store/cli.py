@@ -662,7 +662,12 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
     runs = runs[:limit]
     left_out = f"(newest {limit} shown; --limit N for more, --all for every run)"
     if args.json:
-        out.print(out.json([_run_json(run) for run in runs]))
+        # A page at a time, as `--all` writes it: one encode of 300,000 runs needs hundreds of
+        # MB at once, and msgspec, refused that memory, crashed the process (SIGSEGV) instead
+        # of raising MemoryError.
+        for start in range(0, len(runs), RUNS_PAGE_SIZE):
+            _json_page(out, runs[start : start + RUNS_PAGE_SIZE], first=not start)
+        out.print("\n]" if runs else "[]")
         if more:
             # On stderr: the document stays a list of runs, and a script piping it on (jq
             # '.[].id') would otherwise miss runs without a word.
@@ -678,6 +683,13 @@ async def cmd_runs(args: argparse.Namespace, out: Terminal) -> int:
     return EXIT_OK
 
 
+def _json_page(out: Terminal, page: Sequence[Run], *, first: bool) -> None:
+    """A page of the JSON list of runs, a run encoded at a time: the ``first`` opens the list,
+    the caller closes it ("\\n]")."""
+    items = ",\n".join(_indented(out.json(_run_json(run))) for run in page)
+    out.write(("[\n" if first else ",\n") + items)
+
+
 async def _all_runs(store: Store, args: argparse.Namespace, out: Terminal) -> int:
     """``runs --all``: every run, a page at a time (iter_runs), printed as each page comes, so
     that a million runs need no more memory than a page (all at once, 1.5 GB for --json). The
@@ -690,8 +702,7 @@ async def _all_runs(store: Store, args: argparse.Namespace, out: Terminal) -> in
     def emit(page: list[Run]) -> None:
         nonlocal printed, widths
         if args.json:
-            items = ",\n".join(_indented(out.json(_run_json(run))) for run in page)
-            out.write(("[\n" if not printed else ",\n") + items)
+            _json_page(out, page, first=not printed)
         else:
             widths = _runs_table(out, page, now, after=widths)
         printed = True

@@ -164,6 +164,28 @@ def test_runs_json_parses_back_to_the_stored_runs(
     assert msgspec.json.decode(out, type=list[Run]) == _stored_runs(path)
 
 
+def test_runs_json_is_written_a_page_at_a_time_as_the_same_document(
+    capsys: pytest.CaptureFixture[str], db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """runs --json over more than a page (RUNS_PAGE_SIZE, 2 here) is the one document a single
+    encode of the list makes, and --all's too; each is written a page at a time, since one
+    encode of hundreds of thousands of runs could crash the process when memory ran out."""
+
+    async def store_runs() -> None:
+        async with Store.connect(db_path) as store:
+            for _ in range(5):
+                await store.insert_run(make_run())
+
+    asyncio.run(store_runs())
+    monkeypatch.setattr(cli, "RUNS_PAGE_SIZE", 2)
+    whole = cli._json([cli._run_json(run) for run in _stored_runs(db_path)]) + "\n"
+    for argv in (["--limit", "5"], ["--limit", "9"], ["--all"]):
+        code, out, err = run_cli(capsys, "runs", "--json", *argv, "--url", str(db_path))
+        assert (code, err, out) == (0, "", whole), argv
+    code, out, _ = run_cli(capsys, "runs", "--json", "--status", "done", "--url", str(db_path))
+    assert (code, out) == (0, "[]\n")
+
+
 def test_runs_filters_by_status_and_says_when_there_are_more(
     capsys: pytest.CaptureFixture[str], populated: tuple[Path, Run, Run]
 ) -> None:
