@@ -3461,7 +3461,9 @@ class SqliteBackend:
         if back is None:
             return
         try:
-            await _wait_out(self._give_back(back))
+            ok, value = await _wait_out(self._queue_give_back(back))
+            if not ok:
+                raise value
         except ControlError as exc:
             # What failed, not the error's own advice ("retry the call", "a larger
             # busy_timeout"): the call was cancelled, nothing retries it, and only the UPDATE
@@ -3484,12 +3486,21 @@ class SqliteBackend:
         if self._closing:
             raise StoreClosedError(f"the store for {self._database} is closed; connect again")
 
-    async def _give_back(self, op: Op[Any]) -> None:
-        """Run a claim's undo, even while the store closes (close waits for it, as for any
-        write in flight); an error is raised as write() would."""
-        ok, value, _ = await self._transact(op, True, wait=False)
-        if not ok:
-            raise value
+    def _queue_give_back(self, op: Op[Any]) -> asyncio.Future[tuple[bool, Any]]:
+        """Queue a claim's undo for the store's flusher, at once, and return its outcome's
+        future, even while the store closes (close waits for it, as for any write in flight).
+
+        Queued here, by the cancelled caller itself, not by a task of its own: a shutdown that
+        cancels every task (asyncio.run ending, a SIGTERM handler cancelling all_tasks())
+        cancelled such a task too, which withdrew the give-back before it ran, or never ran
+        at all if cancelled before its first step, and the run stayed 'running' with nobody
+        on it and no word. Nothing withdraws this ticket; the flusher, if cancelled, waits its
+        group out, and one cancelled before its first step is replaced (_flusher_stopped)."""
+        future: asyncio.Future[tuple[bool, Any]] = self._loop.create_future()
+        self._pending.append(([op], future))
+        if not self._writing:
+            self._start_flusher()
+        return future
 
     async def _transact(
         self, op: Op[Any], small: bool, *, wait: bool
@@ -3621,19 +3632,31 @@ class SqliteBackend:
             with contextlib.suppress(Exception):
                 await _wait_out(on_thread(self._conn, _nothing))
         except Exception as exc:
-            error = self._worker.translate(exc)
-            return [(False, error) for _ in tickets]
+            return _each_own(self._worker.translate(exc), len(tickets))
         if len(results) == len(tickets):
             return results
         lost = StoreClosedError(
             f"the store for {self._database} stopped while this call was in flight; the write "
             "may have committed: check before retrying"
         )
-        return [(False, lost) for _ in tickets]
+        return _each_own(lost, len(tickets))
 
 
 def _nothing() -> None:
     return None
+
+
+def _each_own(error: BaseException, callers: int) -> list[tuple[bool, Any]]:
+    """(False, error) for each of ``callers`` callers of one failed group, each with an
+    instance of its own (a copy, its cause kept): one instance raised in several tasks gathers
+    every task's frames into one traceback, and a note one caller adds would be every
+    caller's."""
+    copies = [error]
+    for _ in range(callers - 1):
+        told = copy.copy(error)
+        told.__cause__ = error.__cause__
+        copies.append(told)
+    return [(False, each) for each in copies[:callers]]
 
 
 def _what_failed(error: ControlError, *, busy_timeout: float) -> str:
@@ -3795,7 +3818,7 @@ class _Worker:
         try:
             conn.execute("BEGIN IMMEDIATE")  # IMMEDIATE: see transact_one
         except sqlite3.Error as exc:
-            return [(False, self.translate(exc)) for _ in ops]
+            return _each_own(self.translate(exc), len(ops))
         results: list[tuple[bool, Any]] = []
         try:
             self.refuse_replaced_file()
@@ -3816,7 +3839,7 @@ class _Worker:
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
-            return [(False, self.translate(exc)) for _ in ops]
+            return _each_own(self.translate(exc), len(ops))
         try:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:

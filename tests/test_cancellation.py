@@ -7,14 +7,14 @@ import contextlib
 import random
 import sqlite3
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-from control_store import JobOutcome, JobStatus, Run, RunStatus, Store, _sqlite
+from control_store import Job, JobOutcome, JobStatus, Run, RunStatus, Store, _sqlite
 
 from conftest import (
     CALL_TIMEOUT,
@@ -394,6 +394,53 @@ async def test_cancelling_every_task_gives_back_the_claims_of_a_group(
         if held is not None:
             await backend.read(lambda conn: conn.set_trace_callback(None))
         assert len(await store.claim_runs(7)) == 7
+
+
+async def test_a_give_back_queued_behind_a_group_survives_a_shutdown_cancelling_every_task(
+    db_path: Path,
+) -> None:
+    """A claim cancelled while its group ran queues its give-back behind the next group; then a
+    shutdown cancels every task (asyncio.run ending, a SIGTERM handler). The give-back still
+    runs: it used to be a task of its own, which that shutdown cancelled too, and which then
+    withdrew itself, leaving the run 'running' with nobody on it and no word."""
+    async with Store.connect(db_path) as store:
+        for _ in range(3):
+            await store.insert_run(make_run())
+        later = make_run(job_count=1)
+        await store.insert_run(later)
+        backend = store._backend
+        assert backend is not None
+        held = await _HeldClaim.on(store)
+        started, gate = threading.Event(), threading.Event()
+
+        def slow_jobs() -> Iterator[Job]:
+            started.set()
+            gate.wait(CALL_TIMEOUT)
+            yield from make_jobs(later)
+
+        ahead = await group_in_flight(store)
+        claim = asyncio.ensure_future(store.claim_next_run())
+        await ahead
+        assert await held.entered()  # the claim's group is on the thread
+        behind = asyncio.ensure_future(store.insert_jobs(slow_jobs()))  # the next group
+        await asyncio.sleep(0)
+        claim.cancel()
+        held.gate.set()  # the claim commits; its caller, cancelled, queues the give-back
+        assert await asyncio.to_thread(started.wait, CALL_TIMEOUT)  # the next group runs
+        deadline = asyncio.get_running_loop().time() + CALL_TIMEOUT
+        while not backend._pending:  # the give-back, queued behind it
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.001)
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in others:  # the shutdown
+            task.cancel()
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), CALL_TIMEOUT)
+        await backend.read(lambda conn: conn.set_trace_callback(None))
+        assert claim.cancelled()
+        assert behind.done()
+        assert await store.list_runs(status=RunStatus.RUNNING) == []
+        assert await store.check() == []
 
 
 async def test_a_claim_whose_give_back_fails_says_which_runs_stay_running(

@@ -276,6 +276,33 @@ async def test_a_moved_file_refuses_writes_until_it_is_back(db_path: Path) -> No
     await assert_sound(db_path)
 
 
+async def test_each_caller_of_a_group_refused_whole_gets_an_error_of_its_own(
+    db_path: Path,
+) -> None:
+    """A group refused as a whole (its file moved away) fails every caller in it: each with
+    an error instance of its own, the same message and cause, so that one caller's traceback
+    holds its own frames only, and a note one adds is not the others'."""
+    async with Store.connect(db_path) as store:
+        run = make_run(job_count=8)
+        jobs = make_jobs(run)
+        await store.insert_run(run, jobs=jobs)
+        away = db_path.with_name("moved.db")
+        ahead = await group_in_flight(store)
+        db_path.rename(away)
+        calls = [store.record_job_outcome(run.id, JobOutcome(job.id)) for job in jobs]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        with contextlib.suppress(StorageError):
+            await ahead
+        away.rename(db_path)
+        errors = [error for error in results if isinstance(error, StorageError)]
+        assert len({id(error) for error in errors}) == len(errors) == 8, results
+        assert len({str(error) for error in errors}) == 1
+        assert all(error.retryable for error in errors)
+        errors[0].add_note("the first caller's")
+        assert not hasattr(errors[-1], "__notes__")
+        assert [job.status for job in await store.list_jobs(run.id)] == [JobStatus.QUEUED] * 8
+
+
 async def test_a_deleted_or_replaced_file_refuses_writes_until_restored(db_path: Path) -> None:
     """Deleting or replacing the file under a running store is a StorageError, not silent loss."""
     async with Store.connect(db_path) as store:
