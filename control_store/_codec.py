@@ -19,7 +19,7 @@ from typing import Annotated, Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
 import msgspec
 
-from ._show import failure, shown, typed
+from ._show import failure, is_a, shown, typed
 from .errors import CorruptRowError, InvalidInputError
 from .models import EvalJob, Job, JobId, JobOutcome, JobStatus, Run, RunId, RunStatus
 
@@ -180,12 +180,9 @@ def _check_int(
 ) -> int:
     """``value`` as a plain int (an int subclass's value): msgspec encodes only exact ints.
     ``why_minimum``: why a value below ``minimum`` cannot be, for its message."""
-    # type(), not isinstance(): an object can claim to be an int with a __class__ property.
-    if not issubclass(type(value), int) or issubclass(type(value), bool):
+    if not is_a(value, int) or is_a(value, bool):
         raise InvalidInputError(f"{what} must be an int, got {typed(value)}; pass int(...) of it")
-    plain = int.__index__(
-        cast(int, value)
-    )  # for a subclass, a plain int copy: never its own methods
+    plain = int.__index__(value)  # for a subclass, a plain int copy: never its own methods
     if plain < minimum:
         raise InvalidInputError(
             f"{what} is {shown(plain)}, below {minimum}{why_minimum}; nothing was stored: "
@@ -228,10 +225,10 @@ def run_status(value: object, *, what: str, also: str = "") -> RunStatus:
 
 def _check_models(models: object, *, where: str) -> list[str]:
     """A run's models as a plain list of plain str."""
-    if not isinstance(models, list):
+    if not is_a(models, list):
         fix = (
             "wrap a single model name in a list: [name]"
-            if isinstance(models, str)
+            if is_a(models, str)
             else "pass a list of model names, e.g. ['model-a', 'model-b']"
         )
         raise InvalidInputError(
@@ -251,8 +248,8 @@ def check_uuid(value: object, *, what: str, otherwise: str = "pass a uuid.UUID")
     """The canonical text of ``value``, a uuid.UUID (for a subclass with its own __str__ too),
     else InvalidInputError naming ``what``. The fix: a str is told to wrap itself; anything
     else gets ``otherwise``."""
-    if not isinstance(value, uuid.UUID):
-        if not isinstance(value, str):
+    if not is_a(value, uuid.UUID):
+        if not is_a(value, str):
             fix = otherwise
         elif spelt_uuid(text := str.__str__(value)) is None:  # a subclass: its plain text
             fix = f"that is no UUID's text either: {otherwise}"
@@ -276,7 +273,7 @@ def check_uuid(value: object, *, what: str, otherwise: str = "pass a uuid.UUID")
 def _check_str(value: object, *, what: str) -> str:
     """``value`` as a plain str (a str subclass's text, numpy.str_ say): msgspec encodes only
     exact strs, and the round trip gives a str back anyway."""
-    if not issubclass(type(value), str):  # not isinstance(): see _check_int
+    if not is_a(value, str):
         raise InvalidInputError(f"{what} must be a str, got {typed(value)}; pass str(...) of it")
     # For a subclass, a plain str copy, checked as that: never its own __str__, isascii() or
     # encode(), which could say anything (an isascii() that says True of a lone surrogate
@@ -358,7 +355,7 @@ def run_params(run: Run) -> tuple[str, str, str, int, int, str, str, int]:
 
 
 def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, int]:
-    if not isinstance(run, Run):
+    if not is_a(run, Run):
         raise InvalidInputError(
             f"expected a Run, got {typed(run)}; pass Run(manifest, models, epochs, job_count)"
         )
@@ -399,7 +396,7 @@ def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, in
             f"{where}: status is 'done', but a new run has no jobs yet; nothing was stored: "
             "insert it queued (or running): it is done when its last job's outcome is recorded"
         )
-    if not isinstance(run.created_at, datetime):
+    if not is_a(run.created_at, datetime):
         raise InvalidInputError(
             f"{where}: created_at must be a datetime, got {typed(run.created_at)}; pass an aware "
             "datetime, e.g. datetime.now(timezone.utc), or leave it out (Run sets the time it "
@@ -444,7 +441,7 @@ def outcome_params(outcome: JobOutcome) -> tuple[str, str]:
 def _checked_outcome_params(outcome: JobOutcome) -> tuple[str, str]:
     """As outcome_params, each field read once (a subclass's job_id could name one job for the
     row's key and another in the payload, a row no read takes), then encoded as plain values."""
-    if not isinstance(outcome, JobOutcome):
+    if not is_a(outcome, JobOutcome):
         raise InvalidInputError(
             f"expected a JobOutcome, got {typed(outcome)}; nothing of this call was recorded: "
             "pass JobOutcome(job_id, score=...)"
@@ -466,14 +463,13 @@ def _checked_outcome_params(outcome: JobOutcome) -> tuple[str, str]:
 def _check_score(score: object, *, where: str) -> float | int:
     """A score as a plain float, or an int that one holds exactly (read back as that float,
     it compares equal): anything else would not survive the round trip."""
-    kind = type(score)  # not isinstance(): see _check_int
-    if not issubclass(kind, int | float) or issubclass(kind, bool):
+    if not (is_a(score, int) or is_a(score, float)) or is_a(score, bool):
         raise InvalidInputError(
             f"{where}: score must be a float or None, got {typed(score)}; pass float(...) of it"
         )
     # A subclass's plain value, checked and stored as that: never its own methods.
-    if issubclass(kind, int):
-        whole = int.__index__(cast(int, score))
+    if is_a(score, int):
+        whole = int.__index__(score)
         if not -_FLOAT_MAX <= whole <= _FLOAT_MAX or float(whole) != whole:
             raise InvalidInputError(
                 f"{where}: score is {shown(whole)}, an int that a float (what a score is kept "
@@ -582,7 +578,7 @@ def job_encoder() -> tuple[
 
 
 def _checked_job_params(job: Job) -> JobRow:
-    if not isinstance(job, Job):
+    if not is_a(job, Job):
         raise InvalidInputError(
             f"expected a Job, got {typed(job)}; no job of this call was inserted: pass "
             "Job(run_id, EvalJob(...))"
@@ -591,7 +587,7 @@ def _checked_job_params(job: Job) -> JobRow:
     where = f"job {job_id}"
     run_id = check_uuid(job.run_id, what=f"{where}: run_id")
     spec = job.spec
-    if not isinstance(spec, EvalJob):
+    if not is_a(spec, EvalJob):
         raise InvalidInputError(
             f"{where}: spec must be an EvalJob, got {typed(spec)}; pass "
             "EvalJob(model, sample_id, epoch)"

@@ -8,7 +8,9 @@ whatever a broken ``__repr__`` raises) instead of the ``ControlError`` that expl
 from __future__ import annotations
 
 import math
-from typing import Final
+from typing import Final, TypeGuard, TypeVar
+
+_T = TypeVar("_T")
 
 # Python refuses to turn an int of more than 4300 digits into text (sys.int_max_str_digits,
 # since 3.11: "Exceeds the limit (4300 digits) for integer string conversion"), and a message
@@ -18,6 +20,13 @@ _INT_BITS_SHOWN: Final = 160
 _LOG10_2: Final = math.log10(2)
 # A repr longer than this is cut: a message quoting a million-element list would be megabytes.
 _REPR_CHARS_SHOWN: Final = 500
+
+
+def is_a(value: object, kind: type[_T]) -> TypeGuard[_T]:
+    """Whether ``value`` is of ``kind`` by its type, not by isinstance(): isinstance() also
+    reads an object's ``__class__``, which an object can set to claim any class (a property
+    returning str), and that class's own methods then fail on it."""
+    return issubclass(type(value), kind)
 
 
 def shown(value: object) -> str:
@@ -40,7 +49,7 @@ def typed(value: object) -> str:
 def _shown(value: object) -> tuple[str, bool]:
     """shown(value), and whether it is the value's repr (else a description of the value)."""
     # int's own methods, never a subclass's (which could raise).
-    if isinstance(value, int) and int.bit_length(value) > _INT_BITS_SHOWN:
+    if is_a(value, int) and int.bit_length(value) > _INT_BITS_SHOWN:
         digits = int(int.bit_length(value) * _LOG10_2) + 1
         sign = "a negative" if int.__index__(value) < 0 else "an"
         return f"{sign} int of about {digits} digits", False

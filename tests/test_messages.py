@@ -287,10 +287,13 @@ _SHIFTY_READS: list[None] = []
 _SHIFTY_IDS: list[uuid.UUID] = []
 
 
-class _FakeText:
-    """An object that claims to be a str (isinstance() reads its __class__)."""
+def _faking(kind: type) -> Any:
+    """An object that claims to be a ``kind`` (isinstance() reads its __class__)."""
 
-    __class__ = property(lambda self: str)
+    class Fake:
+        __class__ = property(lambda self: kind)
+
+    return Fake()
 
 
 def _hostile(*args: object) -> Any:
@@ -339,10 +342,17 @@ async def test_each_field_of_a_call_is_read_once_and_by_its_own_class(store: Sto
         await store.insert_run(short, jobs=shrinking())
     assert await store.get_run(short.id) is None
 
-    fake = JobOutcome(second.id, output=_FakeText())  # type: ignore[arg-type]
+    fake = JobOutcome(second.id, output=_faking(str))
     unreadable = Job(run.id, EvalJob("a", "2", 0), id=JobId(_UnreadableId(int=2)))
     calls: list[tuple[Callable[[], Awaitable[object]], str]] = [
         (lambda: store.record_job_outcome(run.id, fake), "output must be a str"),
+        (lambda: store.record_job_outcome(run.id, _faking(JobOutcome)), "expected a JobOutcome"),
+        (lambda: store.insert_run(Run("m", ["a"], _faking(int), 1)), "epochs must be an int"),
+        (
+            lambda: store.insert_run(Run("m", ["a"], 1, 1, created_at=_faking(datetime))),
+            "created_at must be a datetime",
+        ),
+        (lambda: store.insert_jobs([_faking(Job)]), "expected a Job"),
         (lambda: store.get_run(_UnreadableId(int=1)), "whose value cannot be read"),
         (lambda: store.insert_jobs([unreadable]), "whose value cannot be read"),
     ]
