@@ -739,13 +739,16 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
         elif name == "SQLITE_CONSTRAINT_PRIMARYKEY":
             error = AlreadyExistsError(f"a row with this id already exists [{detail}]")
         elif name == "SQLITE_CONSTRAINT_UNIQUE":
-            # Never an id (a primary key fails as PRIMARYKEY): a unique index of someone's own,
-            # or one of this schema's remade UNIQUE, which check() reports.
+            # Never an id (a primary key fails as PRIMARYKEY): a unique index of someone's own
+            # or one of this schema's remade UNIQUE (which check() reports), or a UNIQUE
+            # constraint a table was rebuilt with.
             error = ConstraintError(
-                f"{database} refused the write: a unique index this store's schema does not "
-                f"make already holds the value [{detail}]; nothing of this call was written: "
-                "drop that index if the store's rows are to be written (SELECT name, sql FROM "
-                "sqlite_schema WHERE type = 'index' lists them), or write another value"
+                f"{database} refused the write: a UNIQUE index or constraint this store's schema "
+                f"does not make already holds the value [{detail}]; nothing of this call was "
+                "written: drop that index if the store's rows are to be written (SELECT name, "
+                "sql FROM sqlite_schema WHERE type = 'index' lists them; one whose sql is NULL "
+                "is a UNIQUE constraint of the table's own definition, which only remaking the "
+                "table as this release makes it removes), or write another value"
             )
         elif name.startswith("SQLITE_CONSTRAINT"):
             error = ConstraintError(f"{database} refused the write [{detail}]")
@@ -1214,7 +1217,8 @@ def _refuse_unfit_unread(path: str, database: str, options: Options) -> None:
     and says so, as without a -wal.
     """
     try:
-        if os.path.getsize(path + "-wal") == 0:
+        # Beside the file itself: SQLite resolves a symlink, and keeps its -wal by the target.
+        if os.path.getsize(os.path.realpath(path) + "-wal") == 0:
             return
     except OSError:
         return  # no -wal: nothing a close could checkpoint
@@ -2251,7 +2255,9 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
     as made, which the row checks need. What the database has beyond it (a user's own table,
     column, index or trigger) is no finding.
     """
-    objects = conn.execute(SELECT_OBJECTS).fetchall()
+    # Tables, views and indexes share one namespace; triggers have their own: a trigger of
+    # the user's named as one of this schema's indexes hides nothing.
+    objects = [row for row in conn.execute(SELECT_OBJECTS) if row[0] != "trigger"]
     have = {str(name).lower(): (kind, str(table).lower()) for kind, name, table, _ in objects}
     definitions = {str(name).lower(): str(sql or "") for _, name, _, sql in objects}
     ours = {part.name for part in _expected_schema()} | {_migrate.TRACKING_TABLE}
@@ -2288,11 +2294,12 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
             ):
                 continue
             # What holds the name goes first: an index or a view by a DROP, a table (someone's
-            # rows) by a rename, which loses nothing.
+            # rows) by a rename, which loses nothing. A trigger's names are apart from these.
             drop = {
-                None: "",
+                "index": f"DROP INDEX {part.name}; ",
+                "view": f"DROP VIEW {part.name}; ",
                 "table": f"ALTER TABLE {part.name} RENAME TO {part.name}_moved; ",
-            }.get(kind, f"DROP {str(kind).upper()} {part.name}; ")
+            }.get(str(kind), "")
             report(
                 f"the schema lacks index {part.name} as this release made it ({part.sql}); "
                 f"make it again: {drop}{part.sql}"
@@ -2428,11 +2435,11 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
     return not unsound
 
 
-# A conflict clause of a column or table constraint (none in this release's tables), in a
-# CREATE TABLE's text with its strings, quoted names and comments taken out (_code_of).
-_CONFLICT_CLAUSE: Final = re.compile(
-    r"\bON\s+CONFLICT\s+(?:ROLLBACK|ABORT|FAIL|IGNORE|REPLACE)\b", re.IGNORECASE
-)
+# A conflict clause of a column or table constraint that keeps a write from being refused
+# (none in this release's tables), in a CREATE TABLE's text with its strings, quoted names and
+# comments taken out (_code_of). ABORT is SQLite's default; FAIL and ROLLBACK refuse the write
+# too, and the store rolls back the call's savepoint or transaction on any refusal.
+_CONFLICT_CLAUSE: Final = re.compile(r"\bON\s+CONFLICT\s+(?:IGNORE|REPLACE)\b", re.IGNORECASE)
 _NOT_CODE: Final = re.compile(
     r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`[^`]*`|\[[^\]]*\]|--[^\n]*|/\*.*?\*/", re.S
 )

@@ -221,6 +221,27 @@ async def test_a_table_rebuilt_with_table_options_is_named(db_path: Path, option
     assert messages[-1].startswith("the row-level checks were skipped")
 
 
+@pytest.mark.parametrize("clause", ["ABORT", "FAIL", "ROLLBACK"])
+async def test_a_conflict_clause_that_still_refuses_the_write_is_no_finding(
+    db_path: Path, clause: str
+) -> None:
+    """ON CONFLICT ABORT (SQLite's default), FAIL or ROLLBACK still refuse an insert of a
+    stored id, and the store rolls back what the call wrote: nothing to report."""
+    messages = await _jobs_rebuilt(
+        db_path,
+        lambda sql: sql.replace(
+            "PRIMARY KEY NOT NULL", f"PRIMARY KEY ON CONFLICT {clause} NOT NULL"
+        ),
+    )
+    assert messages == []
+    async with Store.connect(db_path) as store:
+        (run,) = await store.list_runs()
+        (job, *_) = await store.list_jobs(run.id)
+        with pytest.raises(AlreadyExistsError):
+            await store.insert_jobs([job])
+        assert await store.check() == []
+
+
 @pytest.mark.parametrize("clause", ["ON CONFLICT REPLACE", "on  conflict ignore"])
 async def test_a_primary_key_rebuilt_with_a_conflict_clause_is_named(
     db_path: Path, clause: str
@@ -261,11 +282,32 @@ async def test_a_write_refused_by_a_unique_index_of_the_users_is_no_already_exis
     with pytest.raises(ConstraintError) as caught:
         await store.insert_run(make_run())
     assert not isinstance(caught.value, AlreadyExistsError)
-    assert "a unique index this store's schema does not make already holds the value" in str(
-        caught.value
+    assert "a UNIQUE index or constraint this store's schema does not make already holds" in (
+        str(caught.value)
     )
     assert "UNIQUE constraint failed: runs.manifest" in str(caught.value)
     assert len(await store.list_runs()) == 1
+
+
+async def test_a_trigger_named_as_one_of_the_schemas_indexes_is_no_finding(db_path: Path) -> None:
+    """Triggers have names of their own, apart from tables', views' and indexes': a user's
+    trigger named idx_runs_created hid the index of that name from check(), which then asked
+    for an index that was there (and whose repair failed on it)."""
+    await stored_run(db_path)
+    with raw_db(db_path) as conn:
+        conn.execute("CREATE TRIGGER idx_runs_created AFTER INSERT ON runs BEGIN SELECT 1; END")
+    assert await _check(db_path) == []
+    with raw_db(db_path) as conn:
+        conn.execute("DROP INDEX idx_runs_created")
+    (problem,) = await _check(db_path)
+    assert problem.message.endswith(
+        "make it again: CREATE INDEX idx_runs_created ON runs (created_at)"
+    )
+    with raw_db(db_path) as conn:
+        conn.executescript(problem.message.split("make it again: ")[1])
+        triggers = conn.execute("SELECT name FROM sqlite_schema WHERE type = 'trigger'").fetchall()
+    assert triggers == [("idx_runs_created",)]  # the user's, kept
+    assert await _check(db_path) == []
 
 
 @pytest.mark.parametrize(

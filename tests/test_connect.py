@@ -512,14 +512,18 @@ async def test_a_refused_file_whose_wal_holds_commits_is_left_untouched(
         newer,
         [f"INSERT INTO {_migrate.TRACKING_TABLE} VALUES (9999, 'future', 'x', 1, x'00', 0)"],
     )
+    link = tmp_path / "link.db"  # SQLite keeps the -wal beside the symlink's target
+    link.symlink_to(foreign)
     for path, error, match in (
         (foreign, ConfigurationError, r"not a control_store database.*'notes'.*untouched"),
+        (link, ConfigurationError, r"not a control_store database.*'notes'.*untouched"),
         (newer, UnknownMigrationError, r"9999"),
     ):
-        before = _bytes_of(path.parent)
+        held = path.resolve().parent
+        before = _bytes_of(held)
         with pytest.raises(error, match=match):
             await Store.connect(path, migrate=migrate)
-        assert _bytes_of(path.parent) == before, path
+        assert _bytes_of(held) == before, path
 
 
 @pytest.mark.parametrize(
