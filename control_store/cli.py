@@ -755,7 +755,7 @@ def _runs_table(
     # The column is as wide as its heading at least, which the table shows whatever is left.
     room = max(out.width - used, len(header[-1]))
     for row, run in zip(rows, runs, strict=True):
-        row.append(_fit_names([_printable(m) for m in run.models], room))
+        row.append(_fit_names([_printable(m) for m in run.models], room, out.ellipsis))
     return _table(out, header, rows, after=after)
 
 
@@ -767,8 +767,9 @@ def _run_json(run: Run) -> dict[str, object]:
     return msgspec.structs.asdict(run) | {"created_at": created_at}
 
 
-def _fit_names(names: Sequence[str], width: int) -> str:
-    """As many of ``names`` as fit in ``width``, then "+N" for the rest.
+def _fit_names(names: Sequence[str], width: int, ellipsis: str = "…") -> str:
+    """As many of ``names`` as fit in ``width``, then "+N" for the rest; where not even the
+    first fits whole, the first cut short (with ``ellipsis``) and "+N", else "N models".
 
     The most that fit is found from the lengths alone, then joined once: joining each count
     in turn to measure it took time quadratic in the number of models (3.7 s a row for a run
@@ -780,7 +781,12 @@ def _fit_names(names: Sequence[str], width: int) -> str:
         if joined + len(rest) <= width:
             return ", ".join(names[:shown]) + rest
         joined -= len(names[shown - 1]) + 2  # the last name shown and the ", " before it
-    return f"{count} model{'' if count == 1 else 's'}" if names else ""
+    if not names:
+        return ""
+    rest = f" +{count - 1}" if count > 1 else ""
+    if width - len(rest) > len(ellipsis):  # a character of the name at least, and the mark
+        return _clip(names[0], width - len(rest), ellipsis) + rest
+    return f"{count} model{'' if count == 1 else 's'}"
 
 
 def _fraction(run: Run) -> str:
@@ -1334,15 +1340,28 @@ _INT64_MAX: Final = 2**63 - 1  # SQLite's largest integer: the largest limit it 
 # digits ('٣' is 3): a number on a command line is written in ASCII digits, or it is a typo.
 _WHOLE: Final = re.compile(r"[0-9]+", re.ASCII)
 _DECIMAL: Final = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+", re.ASCII)
+_SEED: Final = re.compile(r"-?[0-9]{1,100}", re.ASCII)  # random.Random takes any int
 
 
 def _positive_int(text: str) -> int:
     if not _WHOLE.fullmatch(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: write it in digits 0-9")
+    if len(text.lstrip("0")) > len(str(_INT64_MAX)):  # int() refuses past 4,300 digits anyway
+        raise argparse.ArgumentTypeError(
+            f"a number of {len(text.lstrip('0')):,} digits must be from 1 to {_INT64_MAX}"
+        )
     value = int(text)
     if not 1 <= value <= _INT64_MAX:
         raise argparse.ArgumentTypeError(f"{value} must be from 1 to {_INT64_MAX}")
     return value
+
+
+def _seed(text: str) -> int:
+    if not _SEED.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a seed: write a whole number in digits 0-9, as the demo prints it"
+        )
+    return int(text)
 
 
 def _rate(limit: float) -> Callable[[str], float]:
@@ -1547,7 +1566,7 @@ def _parser() -> argparse.ArgumentParser:
         help="mean pretend evaluation time (default: 2)",
     )
     behaviour.add_argument(
-        "--seed", type=int, default=None, help="seed of the delivery faults (default: random)"
+        "--seed", type=_seed, default=None, help="seed of the delivery faults (default: random)"
     )
     demo.set_defaults(command=cmd_demo)
     return parser

@@ -345,7 +345,10 @@ def test_fit_names_keeps_its_output_for_small_lists() -> None:
     assert cli._fit_names(abc, 3) == "3 models"  # even "a +2" is 4: the count, whatever its size
     assert cli._fit_names(abc, -5) == "3 models"
     assert cli._fit_names(["abcdef"], 6) == "abcdef"
-    assert cli._fit_names(["abcdef"], 5) == "1 model"
+    assert cli._fit_names(["abcdef"], 5) == "abcd…"  # the name cut, not "1 model" cut
+    assert cli._fit_names(["abcdef", "g"], 6) == "ab… +1"
+    assert cli._fit_names(["abcdef"], 5, "...") == "ab..."
+    assert cli._fit_names(["abcdef"], 1) == "1 model"
     # Twelve names n0..n11: "n0, n1, n2 +9" is 13 characters, "n0, n1 +10" is 10.
     twelve = [f"n{i}" for i in range(12)]
     assert cli._fit_names(twelve, 13) == "n0, n1, n2 +9"
@@ -360,11 +363,15 @@ def test_a_narrow_terminal_still_shows_a_short_model_name() -> None:
     heading: a name that fits the heading's width is shown, not cut down to "1 mod…"."""
     stream = io.StringIO()
     term = cli.Terminal(stream, tty=True, unicode=True, color=False, width=80)
-    run = Run("suite.yaml", ["a"], 1, 10, created_at=datetime(2026, 1, 1, tzinfo=UTC))
-    cli._runs_table(term, [run], datetime(2026, 1, 2, tzinfo=UTC))
-    header, row = stream.getvalue().splitlines()
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    runs = [
+        Run("suite.yaml", models, 1, 10, created_at=when)
+        for models in (["a"], ["llama-3"], ["claude-3-haiku", "gpt-4o"])
+    ]
+    cli._runs_table(term, runs, datetime(2026, 1, 2, tzinfo=UTC))
+    header, *rows = stream.getvalue().splitlines()
     assert header.endswith("MODELS")
-    assert row.endswith("  a"), row
+    assert [row.rsplit("  ", 1)[1] for row in rows] == ["a", "llama…", "cl… +1"], rows
 
 
 class _CountingNames(list[str]):
@@ -1154,6 +1161,9 @@ def test_a_locked_database_fails_in_one_line_naming_the_option(
         ["demo", "--duplicate-rate", "1e-1"],
         ["demo", "--latency-ms", "\u0663.5"],
         ["check", "--busy-timeout", "infinity"],
+        ["demo", "--seed", "\u0663"],
+        ["demo", "--seed", "1_000"],
+        ["demo", "--seed", "+5"],
         ["check", "--busy-timeout", "-1"],
     ],
     ids=lambda argv: " ".join(argv) or "no-command",
@@ -1166,6 +1176,18 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]
     assert err.startswith("usage: control-store")
     assert "error:" in err
     assert "Traceback" not in err
+
+
+def test_a_limit_of_thousands_of_digits_is_refused_saying_the_range(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Past int()'s 4,300 digits, argparse said "invalid _positive_int value", the parser's
+    own name; the refusal says the range, as for any number out of it."""
+    code, out, err = run_cli(capsys, "runs", "--limit", "9" * 5000)
+    assert (code, out) == (2, "")
+    assert err.endswith(
+        "error: argument --limit: a number of 5,000 digits must be from 1 to 9223372036854775807\n"
+    ), err[-200:]
 
 
 def test_an_empty_url_is_a_usage_error(
