@@ -540,9 +540,25 @@ def _blocked(signum: signal.Signals) -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+def _start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker before any scheduler process, with SIGHUP
+    blocked. Spawning the first child starts it otherwise, inside the SIGINT block around
+    that child's start: and starting it unblocks SIGINT and SIGTERM in the calling thread
+    (ensure_running blocks them for the tracker's spawn, then unblocks them, whatever they
+    were), so the child was spawned with SIGINT deliverable, and a Ctrl-C while it still
+    imported raised KeyboardInterrupt there, a traceback after the demo's one line (about one
+    stop in thirty). The tracker ignores SIGINT and SIGTERM itself; SIGHUP, sent to the
+    process group by a closed terminal, would kill it."""
+    from multiprocessing import resource_tracker
+
+    with _blocked(signal.SIGHUP):
+        resource_tracker.ensure_running()
+
+
 async def run_fleet(config: DemoConfig, on_progress: Callable[[Snapshot], None]) -> FleetResult:
     """Start the scheduler processes and wait for them, reporting progress about every 0.1 s."""
     context = multiprocessing.get_context("spawn")  # no fork: the parent holds an open store
+    _start_resource_tracker()
     counters: Counters = context.RawArray("q", COUNTERS * config.processes)
     processes: list[multiprocessing.process.BaseProcess] = []
     pipes: list[Connection] = []
