@@ -549,6 +549,8 @@ def _start_resource_tracker() -> None:
     imported raised KeyboardInterrupt there, a traceback after the demo's one line (about one
     stop in thirty). The tracker ignores SIGINT and SIGTERM itself; SIGHUP, sent to the
     process group by a closed terminal, would kill it."""
+    if not hasattr(signal, "SIGHUP"):  # Windows: no resource tracker, and no hang-up
+        return
     from multiprocessing import resource_tracker
 
     with _blocked(signal.SIGHUP):

@@ -742,13 +742,16 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
             # Never an id (a primary key fails as PRIMARYKEY): a unique index of someone's own
             # or one of this schema's remade UNIQUE (which check() reports), or a UNIQUE
             # constraint a table was rebuilt with.
+            failed = re.search(r"UNIQUE constraint failed: (\w+)\.", str(exc))
+            table = failed[1] if failed else "runs"
             error = ConstraintError(
                 f"{database} refused the write: a UNIQUE index or constraint this store's schema "
                 f"does not make already holds the value [{detail}]; nothing of this call was "
-                "written: drop that index if the store's rows are to be written (SELECT name, "
-                "sql FROM sqlite_schema WHERE type = 'index' lists them; one whose sql is NULL "
-                "is a UNIQUE constraint of the table's own definition, which only remaking the "
-                "table as this release makes it removes), or write another value"
+                "written: drop the index on those columns if the store's rows are to be written "
+                f"(SELECT name, sql FROM sqlite_schema WHERE type = 'index' AND tbl_name = "
+                f"'{table}' lists them; one named sqlite_autoindex_{table}_N with N above 1 and "
+                "no sql is a UNIQUE constraint of the table's own definition, which only "
+                "remaking the table as this release makes it removes), or write another value"
             )
         elif name.startswith("SQLITE_CONSTRAINT"):
             error = ConstraintError(f"{database} refused the write [{detail}]")
@@ -2365,12 +2368,13 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
             # pragma_table_info does not show them: an insert of a stored id would then replace
             # the stored row (REPLACE: a recorded job made new again, a running run queued
             # again) or be dropped without a word (IGNORE), where the store refuses it.
-            made_with = ", ".join(sorted({" ".join(c.upper().split()) for c in clauses}))
+            made = sorted({" ".join(c.upper().split()) for c in clauses})
+            effects = " or ".join(_CONFLICT_EFFECTS[clause.split()[-1]] for clause in made)
             report(
-                f"table {part.name} is made with {made_with}, "
+                f"table {part.name} is made with {', '.join(made)}, "
                 "which this release's table has not (a table rebuilt by hand): an insert of an "
-                "id already stored would replace the stored row, or be dropped, instead of "
-                "being refused; restore the database from a backup (without one, make it again "
+                f"id already stored would {effects}, instead of being refused alone; restore "
+                "the database from a backup (without one, make it again "
                 f"as this release does, {part.sql}, under another name, copy its rows over and "
                 "swap the two, as SQLite's procedure for other table changes does: "
                 "https://sqlite.org/lang_altertable.html#otheralter)"
@@ -2435,11 +2439,20 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
     return not unsound
 
 
-# A conflict clause of a column or table constraint that keeps a write from being refused
+# A conflict clause of a column or table constraint that changes what a refused write does
 # (none in this release's tables), in a CREATE TABLE's text with its strings, quoted names and
-# comments taken out (_code_of). ABORT is SQLite's default; FAIL and ROLLBACK refuse the write
-# too, and the store rolls back the call's savepoint or transaction on any refusal.
-_CONFLICT_CLAUSE: Final = re.compile(r"\bON\s+CONFLICT\s+(?:IGNORE|REPLACE)\b", re.IGNORECASE)
+# comments taken out (_code_of). ABORT is SQLite's default, and FAIL refuses the statement as
+# it does (the store rolls back the call's savepoint); ROLLBACK ends the whole transaction, the
+# group's, whose one-shot writes cannot run again.
+_CONFLICT_CLAUSE: Final = re.compile(
+    r"\bON\s+CONFLICT\s+(?:IGNORE|REPLACE|ROLLBACK)\b", re.IGNORECASE
+)
+# What each such clause does to an insert of an id already stored, as check() tells it.
+_CONFLICT_EFFECTS: Final = {
+    "IGNORE": "dropped without a word",
+    "REPLACE": "replace the stored row",
+    "ROLLBACK": "roll back the whole group transaction, failing the writes of other callers",
+}
 _NOT_CODE: Final = re.compile(
     r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`[^`]*`|\[[^\]]*\]|--[^\n]*|/\*.*?\*/", re.S
 )

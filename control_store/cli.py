@@ -1340,17 +1340,19 @@ _INT64_MAX: Final = 2**63 - 1  # SQLite's largest integer: the largest limit it 
 # digits ('٣' is 3): a number on a command line is written in ASCII digits, or it is a typo.
 _WHOLE: Final = re.compile(r"[0-9]+", re.ASCII)
 _DECIMAL: Final = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+", re.ASCII)
-_SEED: Final = re.compile(r"-?[0-9]{1,100}", re.ASCII)  # random.Random takes any int
+_SEED: Final = re.compile(r"-?[0-9]+", re.ASCII)  # random.Random takes any int
+_MOST_DIGITS: Final = 4300  # what int() reads of a text (sys.int_max_str_digits' default)
 
 
 def _positive_int(text: str) -> int:
     if not _WHOLE.fullmatch(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: write it in digits 0-9")
-    if len(text.lstrip("0")) > len(str(_INT64_MAX)):  # int() refuses past 4,300 digits anyway
+    digits = text.lstrip("0") or "0"  # int() counts leading zeros toward its 4,300 digits
+    if len(digits) > len(str(_INT64_MAX)):
         raise argparse.ArgumentTypeError(
-            f"a number of {len(text.lstrip('0')):,} digits must be from 1 to {_INT64_MAX}"
+            f"a number of {len(digits):,} digits must be from 1 to {_INT64_MAX}"
         )
-    value = int(text)
+    value = int(digits)
     if not 1 <= value <= _INT64_MAX:
         raise argparse.ArgumentTypeError(f"{value} must be from 1 to {_INT64_MAX}")
     return value
@@ -1361,7 +1363,13 @@ def _seed(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a seed: write a whole number in digits 0-9, as the demo prints it"
         )
-    return int(text)
+    digits = text.lstrip("-").lstrip("0") or "0"
+    if len(digits) > _MOST_DIGITS:
+        raise argparse.ArgumentTypeError(
+            f"a seed of {len(digits):,} digits is more than Python reads: give at most "
+            f"{_MOST_DIGITS:,} digits"
+        )
+    return int(digits) * (-1 if text.startswith("-") else 1)
 
 
 def _rate(limit: float) -> Callable[[str], float]:

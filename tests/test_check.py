@@ -221,12 +221,13 @@ async def test_a_table_rebuilt_with_table_options_is_named(db_path: Path, option
     assert messages[-1].startswith("the row-level checks were skipped")
 
 
-@pytest.mark.parametrize("clause", ["ABORT", "FAIL", "ROLLBACK"])
+@pytest.mark.parametrize("clause", ["ABORT", "FAIL"])
 async def test_a_conflict_clause_that_still_refuses_the_write_is_no_finding(
     db_path: Path, clause: str
 ) -> None:
-    """ON CONFLICT ABORT (SQLite's default), FAIL or ROLLBACK still refuse an insert of a
-    stored id, and the store rolls back what the call wrote: nothing to report."""
+    """ON CONFLICT ABORT (SQLite's default) or FAIL still refuse an insert of a stored id,
+    and the store rolls back what the call wrote: nothing to report. (ROLLBACK ends the whole
+    group transaction, a finding: see the test below.)"""
     messages = await _jobs_rebuilt(
         db_path,
         lambda sql: sql.replace(
@@ -242,14 +243,23 @@ async def test_a_conflict_clause_that_still_refuses_the_write_is_no_finding(
         assert await store.check() == []
 
 
-@pytest.mark.parametrize("clause", ["ON CONFLICT REPLACE", "on  conflict ignore"])
+@pytest.mark.parametrize(
+    ("clause", "effect"),
+    [
+        ("ON CONFLICT REPLACE", "replace the stored row"),
+        ("on  conflict ignore", "dropped without a word"),
+        ("ON CONFLICT ROLLBACK", "roll back the whole group transaction"),
+    ],
+)
 async def test_a_primary_key_rebuilt_with_a_conflict_clause_is_named(
-    db_path: Path, clause: str
+    db_path: Path, clause: str, effect: str
 ) -> None:
-    """jobs rebuilt by hand with its primary key ON CONFLICT REPLACE (or IGNORE), which
+    """jobs rebuilt by hand with its primary key ON CONFLICT REPLACE, IGNORE or ROLLBACK, which
     pragma_table_info does not show: an insert of a stored job id replaced the recorded job
-    with a new one (or dropped the insert without a word) where the store refuses it. check()
-    names the clause; the same words in a default's text or a comment are no clause."""
+    with a new one, dropped the insert without a word, or ended the group's transaction (other
+    callers' one-shot writes failing with it), where the store refuses it alone. check() names
+    the clause and what it does; the same words in a default's text or a comment are no
+    clause."""
     messages = await _jobs_rebuilt(
         db_path, lambda sql: sql.replace("PRIMARY KEY NOT NULL", f"PRIMARY KEY {clause} NOT NULL")
     )
@@ -257,6 +267,7 @@ async def test_a_primary_key_rebuilt_with_a_conflict_clause_is_named(
     assert messages[0].startswith(f"table jobs is made with {shown}, which this release's"), (
         messages
     )
+    assert f"an insert of an id already stored would {effect}" in messages[0]
     assert len(messages) == 1, messages  # the rows are read as ever
     quiet = await _jobs_rebuilt(
         db_path.with_name("quiet.db"),
@@ -286,6 +297,9 @@ async def test_a_write_refused_by_a_unique_index_of_the_users_is_no_already_exis
         str(caught.value)
     )
     assert "UNIQUE constraint failed: runs.manifest" in str(caught.value)
+    # The listing it gives is of that table, and tells its primary key's index (_1) apart.
+    assert "tbl_name = 'runs'" in str(caught.value)
+    assert "sqlite_autoindex_runs_N with N above 1" in str(caught.value)
     assert len(await store.list_runs()) == 1
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import errno
@@ -1188,6 +1189,14 @@ def test_a_limit_of_thousands_of_digits_is_refused_saying_the_range(
     assert err.endswith(
         "error: argument --limit: a number of 5,000 digits must be from 1 to 9223372036854775807\n"
     ), err[-200:]
+    # Leading zeros count toward int()'s limit: read without them, this is 1.
+    result = run_cli(capsys, "runs", "--limit", "0" * 5000 + "1", "--url", "sqlite::memory:")
+    assert result == (0, "no runs in sqlite::memory:\n", "")
+    # A seed is any int Python reads; past that, the refusal says the limit.
+    assert cli._seed("1" * 101) == int("1" * 101)
+    assert cli._seed("-0042") == -42
+    with pytest.raises(argparse.ArgumentTypeError, match="give at most 4,300 digits"):
+        cli._seed("1" * 4301)
 
 
 def test_an_empty_url_is_a_usage_error(
@@ -2155,6 +2164,20 @@ def test_a_demo_whose_submission_fails_says_what_it_wrote(
     assert "one-shot" not in line
     assert "generator" not in line
     assert _run_statuses(path) == {"queued": 2}
+
+
+def test_the_resource_tracker_is_not_started_where_there_is_no_sighup(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Windows has no SIGHUP (nor multiprocessing's resource tracker): the demo's early start
+    of the tracker is skipped there, not an AttributeError before any scheduler starts."""
+    monkeypatch.delattr(signal, "SIGHUP")
+    started: list[bool] = []
+    monkeypatch.setattr(
+        "multiprocessing.resource_tracker.ensure_running", lambda: started.append(True)
+    )
+    demo._start_resource_tracker()
+    assert started == []
 
 
 def _run_statuses(path: Path) -> dict[str, int]:
