@@ -62,6 +62,7 @@ from .errors import (
 from .models import Job, JobStatus, Problem, Run, utc_now
 
 T = TypeVar("T")
+_E = TypeVar("_E", bound=BaseException)
 Op = Callable[[sqlite3.Connection], T]
 
 # SQLite's name for an in-memory database: what parse_url returns for one. As a caller's path
@@ -1981,13 +1982,20 @@ def consumed(error: ControlError, kind: str, *, items: str, verb: str) -> Contro
     with that same iterable would ``verb`` only what is left of it (nothing, for a generator
     run to its end) and succeed: a run short of jobs, which nothing reports (a run's jobs may
     legitimately come in later calls), or outcomes never recorded."""
-    told = copy.copy(error)
+    told = _copy_of(error)
     told.args = (
         f"{error}. The {items} came as a one-shot iterable ({kind}), and this failed attempt "
         f"consumed it: a retry must pass a new iterable of the same {items} (make the "
         f"generator again, or pass a list), not this one, which would {verb} only the {items} "
         "it has left, or none",
     )
+    return told
+
+
+def _copy_of(error: _E) -> _E:
+    """A copy of ``error`` (its message, attributes and cause) for one caller of several: a
+    group may hand one instance to several callers."""
+    told = copy.copy(error)
     told.__cause__ = error.__cause__
     return told
 
@@ -3668,15 +3676,9 @@ def _nothing() -> None:
 
 def _each_own(error: BaseException, callers: int) -> list[tuple[bool, Any]]:
     """(False, error) for each of ``callers`` callers of one failed group, each with an
-    instance of its own (a copy, its cause kept): one instance raised in several tasks gathers
-    every task's frames into one traceback, and a note one caller adds would be every
-    caller's."""
-    copies = [error]
-    for _ in range(callers - 1):
-        told = copy.copy(error)
-        told.__cause__ = error.__cause__
-        copies.append(told)
-    return [(False, each) for each in copies[:callers]]
+    instance of its own (see _copy_of): one instance raised in several tasks gathers every
+    task's frames into one traceback, and a note one caller adds would be every caller's."""
+    return [(False, _copy_of(error) if i else error) for i in range(callers)]
 
 
 def _what_failed(error: ControlError, *, busy_timeout: float) -> str:

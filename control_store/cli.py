@@ -1077,17 +1077,17 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
             args.demo_stage = "running"
             try:
                 result = await _demo.run_fleet(config, progress.update)
-            except OSError as exc:  # no process, pipe or shared memory to be had
-                args.demo_requeued = await _requeue_stranded(args, store, runs)
-                raise Failure(
-                    f"the demo's scheduler processes could not be started or watched ({exc}); "
-                    "with fewer --processes the demo needs fewer processes and open files (see "
-                    "ulimit -u and -n), and multiprocessing needs a writable /dev/shm"
-                ) from exc
-            except BaseException:
+            except BaseException as exc:
                 # Stopped (a signal, output gone, an error): run_fleet has ended every scheduler
                 # process, and the runs they held would stay 'running' for good.
                 args.demo_requeued = await _requeue_stranded(args, store, runs)
+                if isinstance(exc, OSError):  # no process, pipe or shared memory to be had
+                    raise Failure(
+                        f"the demo's scheduler processes could not be started or watched "
+                        f"({exc}); with fewer --processes the demo needs fewer processes and "
+                        "open files (see ulimit -u and -n), and multiprocessing needs a "
+                        "writable /dev/shm"
+                    ) from exc
                 raise
             args.demo_stage = "finished"
             progress.finish()
