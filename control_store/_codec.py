@@ -19,7 +19,7 @@ from typing import Annotated, Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
 import msgspec
 
-from ._show import failure, is_a, shown, typed
+from ._show import _type_name, failure, is_a, shown, typed
 from .errors import CorruptRowError, InvalidInputError
 from .models import EvalJob, Job, JobId, JobOutcome, JobStatus, Run, RunId, RunStatus
 
@@ -99,6 +99,29 @@ JOB_COLUMNS: Final = "id, run_id, spec, status, attempt, outcome"
 
 
 _TZINFO: Final = datetime.tzinfo.__get__  # a datetime's own tzinfo, whatever a subclass says
+
+
+_astuple: Final = msgspec.structs.astuple
+
+
+def struct_fields(value: Any, kind: type[msgspec.Struct], *, what: str) -> tuple[Any, ...]:
+    """The fields ``kind`` defines, of ``value``, a ``kind`` or a subclass (taken as a
+    ``kind``: fields of its own are not kept), in ``kind``'s order, read from the struct itself
+    (msgspec.structs.astuple): never through a subclass's properties or ``__getattribute__``,
+    which could raise, or say one thing now and another later. A field unset through its slot
+    descriptor is an InvalidInputError naming ``what``."""
+    try:
+        values = _astuple(value)
+    except AttributeError as exc:  # a field unset through its slot descriptor
+        raise InvalidInputError(
+            f"{what} is a {_type_name(value)} with a field that holds no value ({exc}); "
+            f"nothing was stored: build it with {kind.__name__}(...)"
+        ) from None
+    names = type(value).__struct_fields__
+    if names == kind.__struct_fields__:
+        return values
+    by_name = dict(zip(names, values, strict=True))
+    return tuple(by_name[name] for name in kind.__struct_fields__)
 
 
 def format_timestamp(value: datetime, *, what: str) -> str:
@@ -318,39 +341,47 @@ def run_params(run: Run) -> tuple[str, str, str, int, int, str, str, int]:
     with none of its jobs done."""
     # The hot path: _checked_run_params's checks, inline, with no message built; anything it
     # does not accept goes to _checked_run_params, which raises the error that explains it.
-    if type(run) is Run:
-        run_id, epochs, job_count, done_count = run.id, run.epochs, run.job_count, run.done_count
-        created_at, models = run.created_at, run.models
-        if (
-            type(run_id) is _UUID
-            and type(run.manifest) is str
-            and (run.manifest.isascii() or _utf8(run.manifest))  # bound as is: see _check_utf8
-            and type(models) is list
-            and all(type(m) is str for m in models)
-            and type(epochs) is int
-            and 1 <= epochs <= _INT64_MAX
-            and type(job_count) is int
-            and 1 <= job_count <= _INT64_MAX
-            and type(done_count) is int
-            and done_count == 0  # a new run: see _checked_run_params
-            and type(run.status) in _PLAIN_RUN_STATUS  # hashed next: no subclass's __hash__
-            and run.status in _NEW_RUN
-            and type(created_at) is datetime
-            and created_at.tzinfo is UTC
-        ):
-            try:
-                return (
-                    uuid_text(run_id),
-                    run.manifest,
-                    _encode(models).decode(),
-                    epochs,
-                    job_count,
-                    _RUN_STATUS[run.status].value,
-                    created_at.isoformat(timespec="microseconds")[:-6] + "Z",
-                    done_count,
-                )
-            except UnicodeEncodeError:  # a model name with a lone surrogate: explained below
-                pass
+    try:  # a field unset through its slot reads as AttributeError: explained below
+        if type(run) is Run:
+            run_id, epochs, job_count, done_count = (
+                run.id,
+                run.epochs,
+                run.job_count,
+                run.done_count,
+            )
+            created_at, models = run.created_at, run.models
+            if (
+                type(run_id) is _UUID
+                and type(run.manifest) is str
+                and (run.manifest.isascii() or _utf8(run.manifest))  # bound as is: see _check_utf8
+                and type(models) is list
+                and all(type(m) is str for m in models)
+                and type(epochs) is int
+                and 1 <= epochs <= _INT64_MAX
+                and type(job_count) is int
+                and 1 <= job_count <= _INT64_MAX
+                and type(done_count) is int
+                and done_count == 0  # a new run: see _checked_run_params
+                and type(run.status) in _PLAIN_RUN_STATUS  # hashed next: no subclass's __hash__
+                and run.status in _NEW_RUN
+                and type(created_at) is datetime
+                and created_at.tzinfo is UTC
+            ):
+                try:
+                    return (
+                        uuid_text(run_id),
+                        run.manifest,
+                        _encode(models).decode(),
+                        epochs,
+                        job_count,
+                        _RUN_STATUS[run.status].value,
+                        created_at.isoformat(timespec="microseconds")[:-6] + "Z",
+                        done_count,
+                    )
+                except UnicodeEncodeError:  # a model name with a lone surrogate: explained below
+                    pass
+    except AttributeError:
+        pass
     return _checked_run_params(run)
 
 
@@ -359,18 +390,28 @@ def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, in
         raise InvalidInputError(
             f"expected a Run, got {typed(run)}; pass Run(manifest, models, epochs, job_count)"
         )
-    run_id = check_uuid(run.id, what="Run.id")
+    (
+        given_manifest,
+        given_models,
+        given_epochs,
+        given_job_count,
+        given_id,
+        given_status,
+        given_created_at,
+        given_done_count,
+    ) = struct_fields(run, Run, what="the run")
+    run_id = check_uuid(given_id, what="Run.id")
     where = f"run {run_id}"
-    manifest = _check_str(run.manifest, what=f"{where}: manifest")
-    models = _check_models(run.models, where=where)
+    manifest = _check_str(given_manifest, what=f"{where}: manifest")
+    models = _check_models(given_models, where=where)
     epochs = _check_int(
-        run.epochs,
+        given_epochs,
         what=f"{where}: epochs",
         minimum=1,
         why_minimum=" (a run evaluates at least once)",
     )
     job_count = _check_int(
-        run.job_count,
+        given_job_count,
         what=f"{where}: job_count",
         minimum=1,
         why_minimum=(
@@ -379,7 +420,7 @@ def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, in
         ),
     )
     done_count = _check_int(
-        run.done_count, what=f"{where}: done_count", minimum=0, why_minimum=" (a count of jobs)"
+        given_done_count, what=f"{where}: done_count", minimum=0, why_minimum=" (a count of jobs)"
     )
     # A run is inserted before its jobs (they refer to it), so it has none done yet, and only
     # the outcomes recorded later may count them and finish it: any other start would leave
@@ -390,19 +431,19 @@ def _checked_run_params(run: Run) -> tuple[str, str, str, int, int, str, str, in
             "none done; nothing was stored: insert it with done_count=0 (record_job_outcome(s) "
             "count its jobs as they are done)"
         )
-    status = run_status(run.status, what=f"{where}: status")
+    status = run_status(given_status, what=f"{where}: status")
     if status is RunStatus.DONE:
         raise InvalidInputError(
             f"{where}: status is 'done', but a new run has no jobs yet; nothing was stored: "
             "insert it queued (or running): it is done when its last job's outcome is recorded"
         )
-    if not is_a(run.created_at, datetime):
+    if not is_a(given_created_at, datetime):
         raise InvalidInputError(
-            f"{where}: created_at must be a datetime, got {typed(run.created_at)}; pass an aware "
+            f"{where}: created_at must be a datetime, got {typed(given_created_at)}; pass an aware "
             "datetime, e.g. datetime.now(timezone.utc), or leave it out (Run sets the time it "
             "was made)"
         )
-    created_at = format_timestamp(run.created_at, what=f"{where}: created_at")
+    created_at = format_timestamp(given_created_at, what=f"{where}: created_at")
     return (
         run_id,
         manifest,
@@ -423,18 +464,21 @@ def outcome_json(outcome: JobOutcome) -> str:
 def outcome_params(outcome: JobOutcome) -> tuple[str, str]:
     """``(job id, outcome JSON)``: what recording ``outcome`` binds, checked once for both."""
     # Hot path as in run_params; _checked_outcome_params explains what this does not accept.
-    if type(outcome) is JobOutcome:
-        job_id, score, error = outcome.job_id, outcome.score, outcome.error
-        if (
-            type(job_id) is _UUID
-            and (score is None or (type(score) is float and math.isfinite(score)))
-            and type(outcome.output) is str
-            and (error is None or type(error) is str)
-        ):
-            try:
-                return (uuid_text(job_id), _encode(outcome).decode())
-            except UnicodeEncodeError:  # a lone surrogate: _checked_outcome_params explains
-                pass
+    try:  # a field unset through its slot reads as AttributeError: explained below
+        if type(outcome) is JobOutcome:
+            job_id, score, error = outcome.job_id, outcome.score, outcome.error
+            if (
+                type(job_id) is _UUID
+                and (score is None or (type(score) is float and math.isfinite(score)))
+                and type(outcome.output) is str
+                and (error is None or type(error) is str)
+            ):
+                try:
+                    return (uuid_text(job_id), _encode(outcome).decode())
+                except UnicodeEncodeError:  # a lone surrogate: _checked_outcome_params explains
+                    pass
+    except AttributeError:
+        pass
     return _checked_outcome_params(outcome)
 
 
@@ -446,13 +490,14 @@ def _checked_outcome_params(outcome: JobOutcome) -> tuple[str, str]:
             f"expected a JobOutcome, got {typed(outcome)}; nothing of this call was recorded: "
             "pass JobOutcome(job_id, score=...)"
         )
-    job_text = check_uuid(outcome.job_id, what="JobOutcome.job_id")
+    given_job_id, score, given_output, error = struct_fields(
+        outcome, JobOutcome, what="the outcome"
+    )
+    job_text = check_uuid(given_job_id, what="JobOutcome.job_id")
     where = f"outcome for job {job_text}"
-    score = outcome.score
     if score is not None:
         score = _check_score(score, where=where)
-    output = _check_str(outcome.output, what=f"{where}: output")
-    error = outcome.error
+    output = _check_str(given_output, what=f"{where}: output")
     if error is not None:
         error = _check_str(error, what=f"{where}: error")
     # Encoded from plain values: msgspec refuses subclasses (numpy.float64, numpy.str_).
@@ -524,43 +569,47 @@ def job_encoder() -> tuple[
     def encode(job: Job) -> JobRow:
         # Hot path: _checked_job_params's checks, inline, as in run_params.
         nonlocal last, run_id_seen, run_text, streak
-        if type(job) is Job:
-            job_id, run_id, spec = job.id, job.run_id, job.spec
-            status, attempt = job.status, job.attempt
-            if run_id is not run_id_seen and type(run_id) is _UUID:
-                if streak:
-                    counted[run_text] = counted.get(run_text, 0) + streak
-                run_id_seen, run_text, streak = run_id, uuid_text(run_id), 0
-            if (
-                run_id is run_id_seen  # an exact uuid.UUID, whose text run_text is
-                and job.outcome is None
-                and type(job_id) is _UUID
-                and type(spec) is EvalJob
-                and type(spec.model) is str
-                and type(spec.sample_id) is str
-                and type(spec.epoch) is int
-                and _INT64_MIN <= spec.epoch <= _INT64_MAX
-                and (
-                    status is _QUEUED or (type(status) in _PLAIN_JOB_STATUS and status in _NEW_JOB)
-                )
-                and type(attempt) is int
-                and 0 <= attempt <= _INT64_MAX
-            ):
-                try:
-                    row: JobRow = (
-                        uuid_text(job_id),
-                        run_text,
-                        _encode(spec).decode(),
-                        "queued" if status is _QUEUED else _JOB_STATUS[status].value,
-                        attempt,
-                        None,
+        try:  # a field unset through its slot reads as AttributeError: explained below
+            if type(job) is Job:
+                job_id, run_id, spec = job.id, job.run_id, job.spec
+                status, attempt = job.status, job.attempt
+                if run_id is not run_id_seen and type(run_id) is _UUID:
+                    if streak:
+                        counted[run_text] = counted.get(run_text, 0) + streak
+                    run_id_seen, run_text, streak = run_id, uuid_text(run_id), 0
+                if (
+                    run_id is run_id_seen  # an exact uuid.UUID, whose text run_text is
+                    and job.outcome is None
+                    and type(job_id) is _UUID
+                    and type(spec) is EvalJob
+                    and type(spec.model) is str
+                    and type(spec.sample_id) is str
+                    and type(spec.epoch) is int
+                    and _INT64_MIN <= spec.epoch <= _INT64_MAX
+                    and (
+                        status is _QUEUED
+                        or (type(status) in _PLAIN_JOB_STATUS and status in _NEW_JOB)
                     )
-                except UnicodeEncodeError:  # a lone surrogate: _checked_job_params explains
-                    pass
-                else:
-                    last = row
-                    streak += 1
-                    return row
+                    and type(attempt) is int
+                    and 0 <= attempt <= _INT64_MAX
+                ):
+                    try:
+                        row: JobRow = (
+                            uuid_text(job_id),
+                            run_text,
+                            _encode(spec).decode(),
+                            "queued" if status is _QUEUED else _JOB_STATUS[status].value,
+                            attempt,
+                            None,
+                        )
+                    except UnicodeEncodeError:  # a lone surrogate: _checked_job_params explains
+                        pass
+                    else:
+                        last = row
+                        streak += 1
+                        return row
+        except AttributeError:
+            pass
         last = row = _checked_job_params(job)
         counted[row[1]] = counted.get(row[1], 0) + 1
         return row
@@ -583,28 +632,31 @@ def _checked_job_params(job: Job) -> JobRow:
             f"expected a Job, got {typed(job)}; no job of this call was inserted: pass "
             "Job(run_id, EvalJob(...))"
         )
-    job_id = check_uuid(job.id, what="Job.id")
+    given_run_id, spec, given_id, given_status, given_attempt, given_outcome = struct_fields(
+        job, Job, what="the job"
+    )
+    job_id = check_uuid(given_id, what="Job.id")
     where = f"job {job_id}"
-    run_id = check_uuid(job.run_id, what=f"{where}: run_id")
-    spec = job.spec
+    run_id = check_uuid(given_run_id, what=f"{where}: run_id")
     if not is_a(spec, EvalJob):
         raise InvalidInputError(
             f"{where}: spec must be an EvalJob, got {typed(spec)}; pass "
             "EvalJob(model, sample_id, epoch)"
         )
     # Encoded from plain values: msgspec refuses subclasses (numpy.str_, an IntEnum).
+    model, sample_id, epoch = struct_fields(spec, EvalJob, what=f"{where}: spec")
     spec = EvalJob(
-        _check_str(spec.model, what=f"{where}: spec.model"),
-        _check_str(spec.sample_id, what=f"{where}: spec.sample_id"),
-        _check_int(spec.epoch, what=f"{where}: spec.epoch"),
+        _check_str(model, what=f"{where}: spec.model"),
+        _check_str(sample_id, what=f"{where}: spec.sample_id"),
+        _check_int(epoch, what=f"{where}: spec.epoch"),
     )
-    status = _status(job.status, JobStatus, what=f"{where}: status")
+    status = _status(given_status, JobStatus, what=f"{where}: status")
     attempt = _check_int(
-        job.attempt, what=f"{where}: attempt", minimum=0, why_minimum=" (a count of tries)"
+        given_attempt, what=f"{where}: attempt", minimum=0, why_minimum=" (a count of tries)"
     )
     # Only a recorded outcome marks a job done, and counts it in its run's done_count: a job
     # inserted done, or with an outcome, would leave the two disagreeing (see check()).
-    if status is JobStatus.DONE or job.outcome is not None:
+    if status is JobStatus.DONE or given_outcome is not None:
         given = "status is 'done'" if status is JobStatus.DONE else "it has an outcome"
         raise InvalidInputError(
             f"{where}: {given}, but a new job has no outcome yet; no job of this call was "

@@ -40,7 +40,7 @@ import aiosqlite
 import aiosqlite.core
 
 from . import _codec, _migrate
-from ._show import failure, shown, typed
+from ._show import failure, is_a, shown, typed
 from .errors import (
     AlreadyExistsError,
     ConfigurationError,
@@ -1895,11 +1895,15 @@ def _of_run(run_id: str, job_count: int, jobs: Iterable[Job]) -> Iterator[Job]:
     number = uuid.UUID(run_id).int
     room = job_count
     for job in jobs:
-        if isinstance(job, Job):  # a subclass's too: the encoder takes it
-            other = job.run_id
-            if isinstance(other, uuid.UUID) and _number_of(other) not in (number, None):
+        # By its type (never isinstance(), which an object faking __class__ passes), and its
+        # fields read from the struct (never a subclass's properties, which may raise): one
+        # that cannot be read so goes on to the encoder, which explains it.
+        fields = _job_fields(job)
+        if fields is not None:
+            other, job_id = fields
+            if is_a(other, uuid.UUID) and _number_of(other) not in (number, None):
                 raise InvalidInputError(
-                    f"job {_id_shown(job.id)} belongs to run {_id_shown(other)}, "
+                    f"job {_id_shown(job_id)} belongs to run {_id_shown(other)}, "
                     f"not to run {run_id}, which "
                     "insert_run was inserting with its jobs; nothing was inserted: give "
                     "insert_run(run, jobs=...) that run's jobs only (Job(run.id, ...)), and "
@@ -1913,6 +1917,19 @@ def _of_run(run_id: str, job_count: int, jobs: Iterable[Job]) -> Iterator[Job]:
             )
         room -= 1
         yield job
+
+
+def _job_fields(job: object) -> tuple[object, object] | None:
+    """``(run_id, id)`` of a Job (a subclass's too, by name: a subclass's own fields may come
+    between them), as the struct holds them; None for anything else, or a Job whose fields
+    cannot be read (the encoder explains it)."""
+    if not is_a(job, Job):
+        return None
+    try:
+        run_id, _, job_id, *_ = _codec.struct_fields(job, Job, what="the job")
+    except InvalidInputError:
+        return None
+    return run_id, job_id
 
 
 def _id_shown(value: object) -> str:

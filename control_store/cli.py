@@ -940,7 +940,9 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
         out.print(out.json(shown))
         return EXIT_OK
     now = datetime.now(UTC)
-    created = run.created_at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    # isoformat, not strftime: glibc's %Y writes year 1 as "1", not "0001".
+    created = run.created_at.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "seconds")
+    created += " UTC"
     fields = [
         ("run", str(run.id)),
         ("status", out.paint(run.status.value, _STATUS_COLOR[run.status.value])),

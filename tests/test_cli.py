@@ -471,6 +471,24 @@ def test_show_prints_the_run_for_a_person(
     assert "boom\\nat line 2" in out  # one line: its newline escaped
 
 
+def test_show_writes_a_year_before_1000_with_four_digits(
+    capsys: pytest.CaptureFixture[str], db_path: Path
+) -> None:
+    """The created time reads as the stored text does: year 1 is 0001 (glibc's strftime %Y
+    wrote "1-01-01")."""
+
+    async def insert() -> Run:
+        run = Run("m", ["a"], 1, 1, created_at=datetime(1, 2, 3, 4, 5, 6, 7, tzinfo=UTC))
+        async with Store.connect(db_path) as store:
+            await store.insert_run(run)
+        return run
+
+    run = asyncio.run(insert())
+    code, out, err = run_cli(capsys, "show", str(run.id), "--url", str(db_path))
+    assert (code, err) == (0, "")
+    assert "created   0001-02-03 04:05:06 UTC (" in out
+
+
 HOSTILE = "x\nFORGED-ROW  done  9/9\x1b[2J\x1b]0;title\x07\x9b\x7f"
 
 

@@ -364,6 +364,70 @@ async def test_each_field_of_a_call_is_read_once_and_by_its_own_class(store: Sto
     assert await store.check() == []
 
 
+class _RaisingRunId(Job, frozen=True):
+    """A Job subclass whose run_id is a property that raises: the struct's own slot still
+    holds the value Job(...) was given."""
+
+    @property  # type: ignore[misc]
+    def run_id(self) -> uuid.UUID:
+        raise RuntimeError("run_id raised")
+
+
+class _TaggedJob(Job, frozen=True):
+    """A Job subclass with a field of its own, which msgspec puts between run_id/spec and id."""
+
+    tag: str = ""
+
+
+async def test_fields_are_read_from_the_struct_never_through_a_subclass_or_an_unset_slot(
+    store: Store,
+) -> None:
+    """A model's fields are read from its slots: a subclass's property over a field (which
+    may raise) is not asked, a field unset through its slot descriptor and an exact
+    uuid.UUID made without __init__ are InvalidInputErrors, and insert_run(jobs=) judges a
+    job by its type (not isinstance(), which a faked __class__ passes): never the object's
+    own AttributeError or RuntimeError, and nothing stored."""
+    run = make_run(3)
+    await store.insert_run(run)
+    hollow = uuid.UUID.__new__(uuid.UUID)  # an exact UUID holding no value
+    unset = make_run(1)
+    vars(_RunFields)["manifest"].__delete__(unset)
+    other = make_run(1)
+    calls: list[tuple[Callable[[], Awaitable[object]], str]] = [
+        (lambda: store.insert_run(make_run(1), jobs=[_faking(Job)]), "expected a Job"),
+        (lambda: store.insert_run(Run("m", ["a"], 1, 1, id=RunId(hollow))), "holds no value"),
+        (
+            lambda: store.insert_jobs([Job(run.id, EvalJob("a", "x", 0), id=JobId(hollow))]),
+            "holds no value",
+        ),
+        (lambda: store.record_job_outcome(run.id, JobOutcome(hollow)), "holds no value"),
+        (
+            lambda: store.record_job_outcomes(run.id, [JobOutcome(hollow)]),
+            "holds no value",
+        ),
+        (lambda: store.insert_run(unset), "a field that holds no value"),
+        (
+            # The tag sits where a job's id is for Job itself: read by position, the wrong
+            # run's job would be taken for its id.
+            lambda: store.insert_run(other, jobs=[_TaggedJob(run.id, EvalJob("a", "y", 0))]),
+            "belongs to run",
+        ),
+    ]
+    for call, words in calls:
+        with pytest.raises(InvalidInputError, match=words):
+            await call()
+    assert await store.list_runs() == [run]
+    assert await store.list_jobs(run.id) == []
+
+    shadowed = _RaisingRunId(run.id, EvalJob("a", "0", 0))
+    await store.insert_jobs([shadowed])
+    await store.insert_run(other, jobs=[_RaisingRunId(other.id, EvalJob("a", "0", 0))])
+    (stored,) = await store.list_jobs(run.id)
+    assert stored.id == shadowed.id
+    assert len(await store.list_jobs(other.id)) == 1
+    assert await store.check() == []
+
+
 class _EmptyId(uuid.UUID):
     """A UUID subclass, made without UUID.__init__ in the test: it holds no value."""
 
