@@ -685,6 +685,21 @@ def _check_new_file(path: str, name: str) -> None:
             f"{str(target.parent)!r} does not exist; create it first, or point the symlink at "
             "a file in a directory that exists"
         )
+    # No database file, but its -wal or -shm: the file was deleted or moved while a process had
+    # it open (or after a crash). SQLite, opening a new empty file there, deletes that -wal (a
+    # running store's only copy of its writes since the last checkpoint) and shares the -shm
+    # with the running store, whose reads then go wrong without an error (measured).
+    left = [suffix for suffix in ("-wal", "-shm") if os.path.lexists(f"{target}{suffix}")]
+    if left:
+        files = " and ".join(repr(f"{target}{suffix}") for suffix in left)
+        raise ConfigurationError(
+            f"cannot open {name}: no database file is there, but {files} "
+            f"{'are' if len(left) > 1 else 'is'}: the database was "
+            "deleted or moved while a process had it open (or after a crash); nothing was "
+            "created: put the database file back (a store still running on it then goes on, "
+            "and close() keeps its writes); only if no process has it open and its contents are "
+            f"not wanted, delete {files} and connect again"
+        )
     try:
         longest = os.pathconf(target.parent, "PC_NAME_MAX")
     except (OSError, ValueError):

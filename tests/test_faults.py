@@ -20,6 +20,7 @@ import msgspec
 import pytest
 
 from control_store import (
+    ConfigurationError,
     DatabaseBusyError,
     InvalidInputError,
     JobOutcome,
@@ -493,6 +494,53 @@ async def test_a_moved_wal_file_put_back_lets_writes_go_on(db_path: Path) -> Non
     async with Store.connect(db_path) as store:
         assert {run.id for run in await store.list_runs()} == {earlier.id, late.id}
     await assert_sound(db_path)
+
+
+async def test_connecting_where_a_running_stores_file_was_moved_away_is_refused(
+    db_path: Path,
+) -> None:
+    """With the database file moved away under a running store, a second connect to the path
+    (another process's "connect again") is refused: SQLite, creating a new file there, would
+    delete the running store's -wal and share its -shm, and that store then read wrong rows and
+    lost its writes when the file was put back (measured). Nothing is created meanwhile."""
+    async with Store.connect(db_path) as store:
+        earlier = make_run()
+        await store.insert_run(earlier)
+        away = db_path.with_name("moved.db")
+        db_path.rename(away)
+        with pytest.raises(ConfigurationError, match=r"no database file is there, but .*-wal"):
+            await Store.connect(db_path)
+        assert not db_path.exists()
+        assert {run.id for run in await store.list_runs()} == {earlier.id}
+        away.rename(db_path)
+        late = make_run()
+        await store.insert_run(late)
+    async with Store.connect(db_path) as store:
+        assert {run.id for run in await store.list_runs()} == {earlier.id, late.id}
+    await assert_sound(db_path)
+
+
+async def test_a_deleted_file_is_not_made_anew_over_its_wal_and_shm(db_path: Path) -> None:
+    """A file deleted under a running store: connecting to the path is refused while that
+    store's -wal and -shm are there (a new file would take them over), before and after the
+    store closes (SQLite leaves both behind a deleted file), and the refusal says what to do;
+    with them deleted as it says, a connect makes a new file."""
+    store = await Store.connect(db_path)
+    await store.insert_run(make_run())
+    db_path.unlink()
+    for _ in range(2):
+        with pytest.raises(ConfigurationError) as refused:
+            await Store.connect(db_path)
+        message = str(refused.value)
+        assert "was deleted or moved while a process had it open" in message
+        assert "put the database file back" in message
+        assert f"delete '{db_path}-wal' and '{db_path}-shm'" in message
+        assert not db_path.exists()
+        await store.close()
+    for suffix in ("-wal", "-shm"):
+        Path(f"{db_path}{suffix}").unlink()
+    async with Store.connect(db_path) as fresh:
+        assert await fresh.list_runs() == []
 
 
 async def test_a_text_longer_than_sqlite_keeps_is_invalid_input(store: Store) -> None:
