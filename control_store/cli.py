@@ -1637,6 +1637,8 @@ async def _supervise(
     installed: list[tuple[int, Any]] = []
     for signum in STOP_SIGNALS:
         previous = signal.getsignal(signum)
+        if previous is signal.SIG_IGN:  # nohup, a script's background job: the caller's choice
+            continue
         try:
             loop.add_signal_handler(signum, stop, signum)
         except (ValueError, RuntimeError, NotImplementedError):  # not the main thread

@@ -25,6 +25,16 @@ from _loops import use_requested_loop
 
 use_requested_loop()
 
+# The command's stop signals stay ignored where its caller ignored them (nohup; a script's
+# background job ignores SIGINT), and every child inherits an ignored signal: a suite started
+# so would see its demos and checks go on through the signals its tests send. Caught here,
+# they reach the children as the default.
+for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    if signal.getsignal(_signum) is signal.SIG_IGN:
+        signal.signal(
+            _signum, signal.default_int_handler if _signum == signal.SIGINT else signal.SIG_DFL
+        )
+
 BACKENDS = ["memory", "file"]
 
 # `nox -s stress` sets this: the same tests, at sizes too slow for every run.

@@ -2505,6 +2505,34 @@ def test_a_demo_stopped_with_its_process_group_queues_its_runs_again(
 
 
 @pytest.mark.slow
+def test_a_demo_started_under_nohup_goes_on_when_its_terminal_closes(tmp_path: Path) -> None:
+    """A stop signal the caller ignored (nohup ignores SIGHUP; a script's background job,
+    SIGINT) stays ignored: the closed terminal's SIGHUP to the whole group stops nothing, and
+    the demo finishes and verifies as it would have (it stopped with exit 129 before)."""
+    path = tmp_path / "demo.db"
+    command = [sys.executable, "-m", "control_store", "demo", "--url", str(path), "--runs", "12"]
+    demo_process = subprocess.Popen(
+        ["sh", "-c", 'trap "" HUP; exec "$@"', "sh", *command],  # as nohup starts it
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_clean_env(),
+        start_new_session=True,
+    )
+    try:
+        _wait_for(lambda: _started_runs(path), "a scheduler to claim a run")
+        os.killpg(demo_process.pid, signal.SIGHUP)
+        out, err = demo_process.communicate(timeout=120)
+        assert (demo_process.returncode, err) == (0, ""), (out, err)
+        assert "verified" in out, out
+        assert set(_run_statuses(path)) == {"done"}
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(demo_process.pid, signal.SIGKILL)
+        demo_process.wait()
+
+
+@pytest.mark.slow
 def test_a_demo_whose_stop_is_stuck_on_a_lock_exits_with_one_line(tmp_path: Path) -> None:
     """Ctrl-C while another process holds the write lock: the demo's clean-up waits on it,
     and STOP_GRACE_SECONDS later the demo ends at once (os._exit). Its stderr is the one line
