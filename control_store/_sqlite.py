@@ -672,6 +672,17 @@ def _check_place(path: str, name: str) -> None:
             f"cannot open {name}: it is {kind}, and a database must be a regular file; name "
             "a regular file, or a path where none exists yet for the store to create"
         )
+    try:  # SQLite says only SQLITE_CANTOPEN for a file it may not read: a disk fault, by it
+        os.close(os.open(path, os.O_RDONLY))
+    except PermissionError:
+        error = StorageError(
+            f"cannot open {name}: this user may not read it (permission denied); make the file "
+            "readable by this user (and writable, to write to it), then retry"
+        )
+        error.retryable = True  # as a write-protected file: cured outside, then retried
+        raise error from None
+    except OSError:  # anything else, SQLite meets and explains
+        pass
 
 
 def _check_new_file(path: str, name: str) -> None:

@@ -1362,6 +1362,31 @@ def test_read_commands_work_on_a_database_the_user_may_not_write(
     assert all(not after[name] for name in after if name.endswith("-wal"))
 
 
+@pytest.mark.usefixtures("permissions_obeyed")
+@pytest.mark.parametrize("mode", [0o000, 0o200], ids=["no-access", "write-only"])
+def test_a_database_the_user_may_not_read_is_named_so(
+    populated: tuple[Path, Run, Run], mode: int
+) -> None:
+    """A file this user may not read: one line saying so and what to do, exit 3 (retryable,
+    once the file is readable), where SQLite's SQLITE_CANTOPEN read as a full or failing
+    disk; the file is left as it was."""
+    db, _, _ = populated
+    before = _digests(db.parent)
+    db.chmod(mode)
+    try:
+        results = [
+            run_cli_obeying_permissions(*command, "--url", str(db))
+            for command in (["runs"], ["check"], ["migrate"])
+        ]
+    finally:
+        db.chmod(0o644)
+    for code, out, err in results:
+        assert code == cli.EXIT_RETRY, err
+        assert_one_line_error((1, out, err), "this user may not read it", "make the file readable")
+        assert "disk" not in err
+    assert _digests(db.parent) == before
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("permissions_obeyed")
 def test_a_wal_copy_without_its_sidecars_on_read_only_media_says_what_to_copy(
@@ -2512,7 +2537,7 @@ def test_a_demo_started_under_nohup_goes_on_when_its_terminal_closes(tmp_path: P
     path = tmp_path / "demo.db"
     command = [sys.executable, "-m", "control_store", "demo", "--url", str(path), "--runs", "12"]
     demo_process = subprocess.Popen(
-        ["sh", "-c", 'trap "" HUP; exec "$@"', "sh", *command],  # as nohup starts it
+        ["/bin/sh", "-c", 'trap "" HUP; exec "$@"', "sh", *command],  # as nohup starts it
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
