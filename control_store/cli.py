@@ -374,6 +374,11 @@ def _table(
 
 def _url(args: argparse.Namespace) -> str:
     given = getattr(args, "url", None)
+    if isinstance(given, list):  # --url=--: argparse takes "--" for the end of options, leaves []
+        raise UsageError(
+            "--url=-- names no database (argparse reads '--' as the end of the options); for a "
+            "file named '--', give --url ./--"
+        )
     if given == "":
         raise UsageError(
             "--url is empty; name a database, e.g. --url sqlite://control.db (or leave --url "
@@ -1348,6 +1353,8 @@ _MOST_DIGITS: Final = 4300  # what int() reads of a text (sys.int_max_str_digits
 
 def _positive_int(text: str) -> int:
     if not _WHOLE.fullmatch(text):
+        if text.startswith("-") and _WHOLE.fullmatch(text[1:]):
+            raise argparse.ArgumentTypeError(f"{text} must be from 1 to {_INT64_MAX}")
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: write it in digits 0-9")
     digits = text.lstrip("0") or "0"  # int() counts leading zeros toward its 4,300 digits
     if len(digits) > len(str(_INT64_MAX)):
@@ -1377,12 +1384,14 @@ def _seed(text: str) -> int:
 def _rate(limit: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
         if not _DECIMAL.fullmatch(text):
+            if text.startswith("-") and _DECIMAL.fullmatch(text[1:]):
+                raise argparse.ArgumentTypeError(f"{text} must be between 0 and {limit}")
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not a number: write it in digits 0-9, with a '.' for a fraction"
             )
         value = float(text)
         if not 0.0 <= value <= limit:
-            raise argparse.ArgumentTypeError(f"{value} must be between 0 and {limit}")
+            raise argparse.ArgumentTypeError(f"{text} must be between 0 and {limit}")
         return value
 
     return parse

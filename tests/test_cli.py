@@ -1217,6 +1217,26 @@ def test_a_limit_of_thousands_of_digits_is_refused_saying_the_range(
         cli._seed("1" * 4301)
 
 
+@pytest.mark.parametrize(
+    ("argv", "reason"),
+    [
+        (["runs", "--limit", "-1"], "argument --limit: -1 must be from 1 to 9223372036854775807"),
+        (["demo", "--runs", "-20"], "argument --runs: -20 must be from 1 to 9223372036854775807"),
+        (["demo", "--duplicate-rate", "-0.1"], "argument --duplicate-rate: -0.1 must be between"),
+        (["check", "--busy-timeout", "-1"], "argument --busy-timeout: -1 must be between 0 and"),
+        (["demo", "--latency-ms", "10001"], "argument --latency-ms: 10001 must be between 0 and"),
+    ],
+)
+def test_a_negative_number_is_refused_saying_the_range(
+    capsys: pytest.CaptureFixture[str], argv: list[str], reason: str
+) -> None:
+    """A number below the range is a number all the same: the refusal gives the range, as for
+    one above it (it said "'-1' is not a whole number")."""
+    code, out, err = run_cli(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert reason in err.splitlines()[-1], err
+
+
 def test_an_empty_url_is_a_usage_error(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1225,6 +1245,13 @@ def test_an_empty_url_is_a_usage_error(
     code, out, err = run_cli(capsys, "migrate", "--url", "")
     assert (code, out) == (2, "")
     assert err.startswith("control-store: error: --url is empty")
+    assert list(tmp_path.iterdir()) == []
+    # argparse reads "--url=--" as no value at all: it was taken for no --url, and migrate
+    # made ./control.db.
+    code, out, err = run_cli(capsys, "migrate", "--url=--")
+    assert (code, out) == (2, "")
+    assert err.startswith("control-store: error: --url=-- names no database"), err
+    assert "give --url ./--" in err
     assert list(tmp_path.iterdir()) == []
 
 
