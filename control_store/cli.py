@@ -116,6 +116,10 @@ class Terminal:
     width: int
     encoding: str = "utf-8"
     dumb: bool = False  # a terminal that takes no escape sequences at all (TERM=dumb)
+    # The terminal's own width where it is narrower than ``width``, the floor tables are laid
+    # out to (0: ``width``): a line rewritten in place must fit it, or each rewrite wraps and
+    # erases only its last row.
+    columns: int = 0
 
     @classmethod
     def of(cls, stream: TextIO) -> Terminal:
@@ -125,10 +129,12 @@ class Terminal:
         dumb = tty and os.environ.get("TERM") == "dumb"
         color = tty and not dumb and "NO_COLOR" not in os.environ
         # Off a terminal (a pipe, a file) nothing is cut: the reader may be grep.
-        width = _width() if tty else 1_000_000
+        columns = shutil.get_terminal_size((100, 24)).columns if tty else 1_000_000
+        width = max(_MIN_WIDTH, columns)
         unicode = encoding in ("utf8", "utf16", "utf32")
         codec = getattr(stream, "encoding", None) or "ascii"
-        return cls(stream, tty, unicode, color, width, "utf-8" if unicode else codec, dumb)
+        encoding = "utf-8" if unicode else codec
+        return cls(stream, tty, unicode, color, width, encoding, dumb, max(1, columns))
 
     @property
     def ellipsis(self) -> str:
@@ -192,8 +198,7 @@ class Terminal:
 _PIECE: Final = 2048
 
 
-def _width() -> int:
-    return max(60, shutil.get_terminal_size((100, 24)).columns)
+_MIN_WIDTH: Final = 60  # the narrowest width tables are laid out to
 
 
 def _json(value: object, *, ascii_only: bool = False) -> str:
@@ -343,12 +348,14 @@ def _table(
     rows: Sequence[Sequence[str]],
     *,
     after: Sequence[int] | None = None,
+    status: int | None = None,
 ) -> list[int]:
     """Left-aligned columns; the last column is cut to the terminal's width. Every cell is
     shown printable (see _printable). Returns the widths used; ``after``: the widths of the
     part of the same table printed before (its heading included), which a column keeps
-    unless this part's rows are wider. A cell of stored data comes _printable already (its
-    backslashes doubled once, not again here)."""
+    unless this part's rows are wider; ``status``: the column of run statuses, in colour. A
+    cell of stored data comes _printable already (its backslashes doubled once, not again
+    here)."""
     rows = [[term.shown(_printable(cell, data=False)) for cell in row] for row in rows]
     widths = [max(len(h), *(_columns(r[i]) for r in rows)) for i, h in enumerate(header)]
     if after is not None:
@@ -362,8 +369,8 @@ def _table(
         cells = [
             _pad(_clip(cell, w, term.ellipsis), w) for cell, w in zip(row, widths, strict=True)
         ]
-        status = row[1] if len(row) > 1 else ""
-        cells[1] = term.paint(cells[1], _STATUS_COLOR.get(status, "0"))
+        if status is not None:
+            cells[status] = term.paint(cells[status], _STATUS_COLOR.get(row[status], "0"))
         term.print("  ".join(cells).rstrip())
     return widths
 
@@ -761,7 +768,7 @@ def _runs_table(
     room = max(out.width - used, len(header[-1]))
     for row, run in zip(rows, runs, strict=True):
         row.append(_fit_names([_printable(m) for m in run.models], room, out.ellipsis))
-    return _table(out, header, rows, after=after)
+    return _table(out, header, rows, after=after, status=1)
 
 
 def _run_json(run: Run) -> dict[str, object]:
@@ -1317,7 +1324,8 @@ class _Progress:
         if not self._enabled:
             return
         if self._out.tty:
-            line = _clip(self._line(snap), self._out.width - 1, self._out.ellipsis)
+            fits = min(self._out.width, self._out.columns or self._out.width) - 1
+            line = _clip(self._line(snap), max(1, fits), self._out.ellipsis)
             if self._out.dumb:  # no ESC[K to erase the line: spaces cover what is left of it
                 drawn, self._drawn = self._drawn, _columns(line)
                 self._out.write("\r" + line + " " * max(0, drawn - self._drawn))

@@ -1491,6 +1491,33 @@ def test_progress_rewrites_one_line_on_a_terminal() -> None:
     assert text.endswith(" 7/10 jobs recorded  runs done 0/2  duplicates absorbed 1  35 jobs/s\n")
 
 
+def test_progress_fits_a_terminal_narrower_than_the_tables_floor() -> None:
+    """Tables are laid out to at least 60 columns; the progress line, rewritten in place, is
+    cut to the terminal's own width: a line that wrapped left a row behind at every update."""
+    stream = io.StringIO()
+    term = cli.Terminal(stream, tty=True, unicode=True, color=False, width=60, columns=20)
+    progress = cli._Progress(term, jobs=10, runs=2, enabled=True)
+    progress.update(_snapshot(3, 0.1))
+    progress.update(_snapshot(7, 0.2))
+    drawn = stream.getvalue().split("\r\x1b[K")[1:]
+    assert len(drawn) == 2
+    assert all(cli._columns(line) == 19 and line.endswith("…") for line in drawn), drawn
+
+
+def test_only_a_runs_table_paints_its_status_column() -> None:
+    """On a colour terminal a runs table's STATUS is in colour; show's per-model table, whose
+    second column is a count, is printed as it is (it was wrapped in reset codes)."""
+    stream = io.StringIO()
+    term = cli.Terminal(stream, tty=True, unicode=True, color=True, width=100)
+    cli._table(term, ["MODEL", "DONE"], [["atlas", "50"], ["done", "done"]])
+    body = stream.getvalue().splitlines()[1:]
+    assert body == ["atlas  50", "done   done"]
+    stream.seek(0)
+    stream.truncate()
+    cli._table(term, ["RUN ID", "STATUS", "AGE"], [["r1", "done", "1s"]], status=1)
+    assert stream.getvalue().splitlines()[1] == "r1      \x1b[32mdone  \x1b[0m  1s"
+
+
 def test_progress_on_a_dumb_terminal_covers_the_last_line_with_spaces(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
