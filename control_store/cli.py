@@ -756,18 +756,20 @@ def _runs_table(
             run.status.value,
             f"{out.bar(run.done_count, run.job_count)} {_fraction(run)}",
             _age(run.created_at, now),
-            _clip(_printable(run.manifest), 40 if out.tty else out.width, out.ellipsis),
+            # Cut as the stream shows it: on one that cannot encode a character, its escape.
+            _clip(out.shown(_printable(run.manifest)), 40 if out.tty else out.width, out.ellipsis),
         ]
         for run in runs
     ]
     used = sum(
-        max(len(h), *(len(r[i]) for r in rows), *([] if after is None else [after[i]])) + 2
+        max(len(h), *(_columns(r[i]) for r in rows), *([] if after is None else [after[i]])) + 2
         for i, h in enumerate(header[:-1])
     )
     # The column is as wide as its heading at least, which the table shows whatever is left.
     room = max(out.width - used, len(header[-1]))
     for row, run in zip(rows, runs, strict=True):
-        row.append(_fit_names([_printable(m) for m in run.models], room, out.ellipsis))
+        names = [out.shown(_printable(m)) for m in run.models]
+        row.append(_fit_names(names, room, out.ellipsis))
     return _table(out, header, rows, after=after, status=1)
 
 
@@ -787,12 +789,13 @@ def _fit_names(names: Sequence[str], width: int, ellipsis: str = "…") -> str:
     in turn to measure it took time quadratic in the number of models (3.7 s a row for a run
     of 20,000)."""
     count = len(names)
-    joined = sum(map(len, names)) + 2 * (count - 1)  # len(", ".join(names)): ", " between
+    widths = list(map(_columns, names))  # columns, not characters: a CJK name takes two each
+    joined = sum(widths) + 2 * (count - 1)  # the columns of ", ".join(names): ", " between
     for shown in range(count, 0, -1):
         rest = f" +{count - shown}" if shown < count else ""
         if joined + len(rest) <= width:
             return ", ".join(names[:shown]) + rest
-        joined -= len(names[shown - 1]) + 2  # the last name shown and the ", " before it
+        joined -= widths[shown - 1] + 2  # the last name shown and the ", " before it
     if not names:
         return ""
     rest = f" +{count - 1}" if count > 1 else ""

@@ -375,6 +375,25 @@ def test_a_narrow_terminal_still_shows_a_short_model_name() -> None:
     assert [row.rsplit("  ", 1)[1] for row in rows] == ["a", "llama…", "cl… +1"], rows
 
 
+@pytest.mark.parametrize("unicode", [True, False], ids=["utf-8", "ascii"])
+def test_a_runs_table_fits_its_width_with_wide_or_unencodable_text(unicode: bool) -> None:
+    """Cells are measured as the stream shows them: a CJK character takes two columns, and on
+    a stream that cannot encode it, its escape takes six (the manifest was cut before it was
+    escaped, into a 114-column cell, and the models fitted by characters)."""
+    stream = io.StringIO()
+    term = cli.Terminal(stream, tty=True, unicode=unicode, color=False, width=140, encoding="ascii")
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    runs = [Run("評価" * 30, ["模型" * 4, "gpt"], 1, 10, created_at=when)]
+    cli._runs_table(term, runs, datetime(2026, 1, 2, tzinfo=UTC))
+    _, row = stream.getvalue().splitlines()
+    assert cli._columns(row) <= 140, row
+    start = "評" if unicode else "\\u8a55\\u4fa1"
+    manifest, models = row[row.index(start) :].split("  ")
+    assert 39 <= cli._columns(manifest) <= 40, row  # a wide character is not cut in two
+    assert row.isascii() is not unicode
+    assert cli._columns(row) == 140 or models == "模型模型模型模型, gpt", row
+
+
 class _CountingNames(list[str]):
     """A list of names that counts the names it hands out in slices, and refuses to hand out
     more than ``budget`` in all (so a quadratic walk fails at once instead of taking minutes)."""
