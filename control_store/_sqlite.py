@@ -672,17 +672,26 @@ def _check_place(path: str, name: str) -> None:
             f"cannot open {name}: it is {kind}, and a database must be a regular file; name "
             "a regular file, or a path where none exists yet for the store to create"
         )
-    try:  # SQLite says only SQLITE_CANTOPEN for a file it may not read: a disk fault, by it
-        os.close(os.open(path, os.O_RDONLY))
-    except PermissionError:
-        error = StorageError(
-            f"cannot open {name}: this user may not read it (permission denied); make the file "
-            "readable by this user (and writable, to write to it), then retry"
-        )
-        error.retryable = True  # as a write-protected file: cured outside, then retried
-        raise error from None
-    except OSError:  # anything else, SQLite meets and explains
-        pass
+    # SQLite says only SQLITE_CANTOPEN for a file it may not read, the database or its -wal or
+    # -shm (named after the symlink's target, for a path that is a symlink): by its message, a
+    # full or failing disk.
+    target = os.path.realpath(path)
+    for suffix, which in (("", "it"), ("-wal", "its -wal file"), ("-shm", "its -shm file")):
+        try:
+            os.close(os.open(path if not suffix else f"{target}{suffix}", os.O_RDONLY))
+        except PermissionError:
+            also = (
+                "and writable, to write to it" if not suffix else "and writable: SQLite writes it"
+            )
+            error = StorageError(
+                f"cannot open {name}: this user may not read {which}"
+                f"{f' {target + suffix!r}' if suffix else ''} (permission denied); make the "
+                f"file readable by this user ({also}), then retry"
+            )
+            error.retryable = True  # as a write-protected file: cured outside, then retried
+            raise error from None
+        except OSError:  # none there, or anything else: SQLite meets and explains it
+            pass
 
 
 def _check_new_file(path: str, name: str) -> None:

@@ -1409,26 +1409,35 @@ def test_read_commands_work_on_a_database_the_user_may_not_write(
 
 
 @pytest.mark.usefixtures("permissions_obeyed")
-@pytest.mark.parametrize("mode", [0o000, 0o200], ids=["no-access", "write-only"])
+@pytest.mark.parametrize(
+    ("suffix", "mode"),
+    [("", 0o000), ("", 0o200), ("-wal", 0o000), ("-shm", 0o200)],
+    ids=["no-access", "write-only", "wal", "shm"],
+)
 def test_a_database_the_user_may_not_read_is_named_so(
-    populated: tuple[Path, Run, Run], mode: int
+    populated: tuple[Path, Run, Run], suffix: str, mode: int
 ) -> None:
-    """A file this user may not read: one line saying so and what to do, exit 3 (retryable,
-    once the file is readable), where SQLite's SQLITE_CANTOPEN read as a full or failing
-    disk; the file is left as it was."""
+    """A file this user may not read, the database or its -wal or -shm: one line naming it
+    and what to do, exit 3 (retryable, once the file is readable), where SQLite's
+    SQLITE_CANTOPEN read as a full or failing disk; the files are left as they were."""
     db, _, _ = populated
+    unreadable = Path(f"{db}{suffix}")
+    unreadable.touch()
     before = _digests(db.parent)
-    db.chmod(mode)
+    unreadable.chmod(mode)
     try:
         results = [
             run_cli_obeying_permissions(*command, "--url", str(db))
             for command in (["runs"], ["check"], ["migrate"])
         ]
     finally:
-        db.chmod(0o644)
+        unreadable.chmod(0o644)
+    which = f"its {suffix} file '{unreadable}'" if suffix else "it"
     for code, out, err in results:
         assert code == cli.EXIT_RETRY, err
-        assert_one_line_error((1, out, err), "this user may not read it", "make the file readable")
+        assert_one_line_error(
+            (1, out, err), f"this user may not read {which} (permission denied)", "readable"
+        )
         assert "disk" not in err
     assert _digests(db.parent) == before
 
