@@ -2509,7 +2509,7 @@ _CONFLICT_CLAUSE: Final = re.compile(
 )
 # What each such clause does to an insert of an id already stored, as check() tells it.
 _CONFLICT_EFFECTS: Final = {
-    "IGNORE": "dropped without a word",
+    "IGNORE": "be dropped without a word",
     "REPLACE": "replace the stored row",
     "ROLLBACK": "roll back the whole group transaction, failing the writes of other callers",
 }

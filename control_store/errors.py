@@ -14,7 +14,7 @@ to what (the id, the column, the value), and what to do::
     ├── NotFoundError             an outcome for a job the store does not have
     ├── WrongRunError             an outcome for a job that belongs to another run
     ├── ConstraintError           the database refused a write that breaks its rules
-    │   ├── AlreadyExistsError    a run or job id that is already stored
+    │   ├── AlreadyExistsError    a run or job id already stored, or given twice in one call
     │   └── MissingRunError       a job whose run does not exist
     ├── CorruptRowError           a stored value this version cannot read (table, column, id, value)
     ├── MigrationError            the schema cannot be brought up to date
@@ -121,7 +121,7 @@ class ConstraintError(ControlError):
 
 
 class AlreadyExistsError(ConstraintError):
-    """A run or job with this id is already stored."""
+    """A run or job with this id is already stored, or was given twice in one call."""
 
 
 class MissingRunError(ConstraintError):

@@ -246,9 +246,9 @@ async def test_a_conflict_clause_that_still_refuses_the_write_is_no_finding(
 @pytest.mark.parametrize(
     ("clause", "effect"),
     [
-        ("ON CONFLICT REPLACE", "replace the stored row"),
-        ("on  conflict ignore", "dropped without a word"),
-        ("ON CONFLICT ROLLBACK", "roll back the whole group transaction"),
+        ("ON CONFLICT REPLACE", "replace the stored row, instead"),
+        ("on  conflict ignore", "be dropped without a word, instead"),
+        ("ON CONFLICT ROLLBACK", "roll back the whole group transaction, failing"),
     ],
 )
 async def test_a_primary_key_rebuilt_with_a_conflict_clause_is_named(
