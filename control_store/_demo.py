@@ -37,6 +37,7 @@ if sys.platform != "win32":
 import msgspec
 
 from . import _codec, _sqlite
+from ._show import counted
 from ._store import Store
 from .errors import ControlError, CorruptRowError
 from .models import EvalJob, Job, JobOutcome, JobStatus, Run, RunStatus
@@ -658,7 +659,7 @@ async def verify(
     check(
         "every scheduler process finished cleanly",
         not failed,
-        "; ".join(failed) or f"{config.processes} processes exited 0",
+        "; ".join(failed) or f"{counted(config.processes, 'process', 'processes')} exited 0",
     )
 
     ids = {str(run.id) for run in runs}
@@ -675,7 +676,7 @@ async def verify(
                 ("claimed by no scheduler that reported", unclaimed),
                 ("not ours", foreign),
             ],
-            ok=f"{len(ids)} runs, {sum(claims.values())} claims",
+            ok=f"{counted(len(ids), 'run')}, {counted(sum(claims.values()), 'claim')}",
         ),
     )
 
@@ -693,7 +694,8 @@ async def verify(
         "every run done with done_count == job count",
         not unfinished,
         "; ".join(unfinished[:3])
-        or f"{len(runs)}/{len(runs)} runs done, {config.jobs_per_run} jobs each",
+        or f"{len(runs)}/{counted(len(runs), 'run')} done, "
+        f"{counted(config.jobs_per_run, 'job')} each",
     )
 
     # The jobs are walked a page at a time, as the schedulers walked them: a million jobs
@@ -730,7 +732,8 @@ async def verify(
                 ("recorded twice", counted_twice),
                 ("with no first delivery reported", sorted(never)),
             ],
-            ok=f"{stored_jobs:,} jobs done, {sum(firsts.values()):,} first deliveries",
+            ok=f"{counted(stored_jobs, 'job')} done, "
+            f"{counted(sum(firsts.values()), 'first delivery', 'first deliveries')}",
         )
         if stored_jobs == config.total_jobs
         else _problems(
@@ -749,8 +752,9 @@ async def verify(
     check(
         "every duplicate absorbed",
         snap.absorbed == snap.deliveries - recorded and snap.recorded == recorded,
-        f"{snap.absorbed:,} deliveries returned False; {snap.deliveries:,} deliveries - "
-        f"{recorded:,} jobs recorded in the database = {snap.deliveries - recorded:,}",
+        f"{counted(snap.absorbed, 'delivery', 'deliveries')} returned False; "
+        f"{counted(snap.deliveries, 'delivery', 'deliveries')} - {counted(recorded, 'job')} "
+        f"recorded in the database = {snap.deliveries - recorded:,}",
     )
 
     problems = await store.check()

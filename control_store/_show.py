@@ -81,3 +81,8 @@ def failure(exc: BaseException) -> str:
     if len(message) > _REPR_CHARS_SHOWN:
         message = f"{message[:_REPR_CHARS_SHOWN]}..."
     return f"{_type_name(exc)}: {message}" if message else _type_name(exc)
+
+
+def counted(count: int, noun: str, plural: str = "") -> str:
+    """``count`` and ``noun`` agreeing: "1 run", "2,000 runs", "2 processes" (``plural``)."""
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"

@@ -1367,8 +1367,8 @@ def check_schema(conn: sqlite3.Connection, *, database: str, read_only: bool = T
             else "has no control_store migration applied (it is empty)"
         )
         fix = (
-            "connect once without read_only (control-store migrate): its error gives each row "
-            "to put back"
+            "connect without read_only (control-store migrate): its error gives the rows to "
+            "put back, one a connect, in turn"
             if held
             else "point read_only at a control_store database, or create the schema by "
             "connecting once without read_only (control-store migrate does that)"
@@ -1642,9 +1642,10 @@ class MigrationRecord:
     version: int
     description: str
     state: str
-    """'applied', 'pending', 'failed' (recorded as failed), 'changed' (its file's checksum is
-    not the one recorded), 'unreadable' (the recorded checksum is no SHA-384), or 'unknown'
-    (recorded, but this library has no such migration: a newer release's)."""
+    """'applied', 'pending', 'missing' (not recorded, but a later one is: its row was lost),
+    'failed' (recorded as failed), 'changed' (its file's checksum is not the one recorded),
+    'unreadable' (the recorded checksum is no SHA-384), or 'unknown' (recorded, but this
+    library has no such migration: a newer release's)."""
     installed_on: str | None
 
 
@@ -1669,10 +1670,11 @@ def _records(
     if applied:
         installed = {int(v): str(i) for v, _, _, _, i in conn.execute(SELECT_APPLIED)}
     records = []
+    newest = max(applied, default=0)
     for version in sorted(known.keys() | applied.keys()):
         mine, row = known.get(version), applied.get(version)
         if row is None:
-            state = "pending"
+            state = "missing" if version < newest else "pending"  # see _migrate.pending
         elif mine is None:
             state = "unknown"
         elif not row.success:
@@ -1913,8 +1915,9 @@ def op_insert_run_with_jobs(
     if inserted != job_count:
         raise ConstraintError(
             f"run {run_id} has job_count {job_count}, but insert_run was given {inserted} "
-            f"job{'' if inserted == 1 else 's'} for it; nothing was inserted: pass all "
-            f"{job_count} of its jobs, or insert the run alone and its jobs with "
+            f"job{'' if inserted == 1 else 's'} for it; nothing was inserted: pass "
+            f"{'its one job' if job_count == 1 else f'all {job_count} of its jobs'}, or insert "
+            "the run alone and its jobs with "
             "insert_jobs, in as many calls as you like (a claim may then hand it out before "
             "they are all in)"
         )

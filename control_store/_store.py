@@ -168,12 +168,20 @@ class _Walk(Generic[T, K]):
         raise StopAsyncIteration
 
 
+def _current_task() -> asyncio.Task[Any] | None:
+    """The task running, None outside one (or outside a running event loop)."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running event loop
+        return None
+
+
 class _Connecting(Coroutine[Any, Any, "Store"]):
     """What ``Store.connect`` returns: ``await`` it for a store, or ``async with`` it.
 
     It is a coroutine to asyncio (a ``collections.abc.Coroutine``), so ``create_task``,
     ``TaskGroup.create_task`` and ``asyncio.run`` take it as they take a coroutine; each
-    ``await`` opens a store of its own.
+    ``await``, and each task made of it, opens a store of its own.
     """
 
     __slots__ = ("_entered", "_options", "_running", "_url")
@@ -185,9 +193,12 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
         # each, in the order entered: one Store.connect(...) may be entered by several tasks
         # at once, or nested in one, and each exit closes the store its own enter opened.
         self._entered: list[tuple[asyncio.Task[Any] | None, Store]] = []
-        # The coroutine a task steps through send()/throw(); made at its first step, so a
-        # Store.connect(...) never awaited or run leaves no "never awaited" warning behind.
-        self._running: Coroutine[Any, Any, Store] | None = None
+        # The coroutine each task steps through send()/throw() (None: stepped outside a task),
+        # until it ends; made at the task's first step, so a Store.connect(...) never awaited
+        # or run leaves no "never awaited" warning behind. One per task: a second task made
+        # of the same Store.connect(...) stepped the first one's, or one that had finished
+        # ("cannot reuse already awaited coroutine").
+        self._running: dict[asyncio.Task[Any] | None, Coroutine[Any, Any, Store]] = {}
 
     async def _open(self) -> Store:
         options = _sqlite.parse_options(self._options)
@@ -197,20 +208,27 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
     def __await__(self) -> Generator[Any, None, Store]:
         return self._open().__await__()
 
-    def _stepped(self) -> Coroutine[Any, Any, Store]:
-        if self._running is None:
-            self._running = self._open()
-        return self._running
+    def _step(self, step: Callable[[Coroutine[Any, Any, Store]], Any]) -> Any:
+        task = _current_task()
+        running = self._running.get(task)
+        if running is None:
+            running = self._running[task] = self._open()
+        try:
+            return step(running)
+        except BaseException:  # StopIteration (its store) included: that coroutine has ended
+            del self._running[task]
+            raise
 
     def send(self, value: Any) -> Any:
-        return self._stepped().send(value)
+        return self._step(lambda running: running.send(value))
 
     def throw(self, *args: Any) -> Any:
-        return self._stepped().throw(*args)
+        return self._step(lambda running: running.throw(*args))
 
     def close(self) -> None:
-        if self._running is not None:
-            self._running.close()
+        running = self._running.pop(_current_task(), None)
+        if running is not None:
+            running.close()
 
     async def __aenter__(self) -> Store:
         store = await self._open()

@@ -38,16 +38,15 @@ from typing import TYPE_CHECKING, Any, Final, TextIO
 import msgspec
 
 from . import _codec, _migrate, _sqlite
+from ._show import counted
 from ._store import Store, connect_any_version
 from .errors import (
     ControlError,
     CorruptRowError,
     DatabaseBusyError,
-    DirtyMigrationError,
-    MigrationChangedError,
+    MigrationError,
     NotFoundError,
     PendingMigrationError,
-    UnknownMigrationError,
 )
 from .models import JobOutcome, JobStatus, Run, RunStatus
 
@@ -601,12 +600,7 @@ async def cmd_migrate(args: argparse.Namespace, out: Terminal) -> int:
         async with store:
             try:
                 await store.migration_status()
-            except (
-                CorruptRowError,
-                DirtyMigrationError,
-                MigrationChangedError,
-                UnknownMigrationError,
-            ) as exc:
+            except (CorruptRowError, MigrationError) as exc:  # failed, edited, unknown, lost
                 refused = exc  # listed all the same: the listing is what shows the damage
             backend = store._connected()  # the CLI is part of the package: its own backend
             records = await backend.read(backend.migration_history_op())
@@ -1017,7 +1011,7 @@ def _describe(s: _Scores) -> str:
     text = f"{s.done:,} recorded, {s.scored:,} scored, mean score {_score(s.mean_score)}"
     if s.scored:
         text += f" (min {_score(s.min_score)}, max {_score(s.max_score)})"
-    return text + f", {s.errors:,} errors"
+    return text + f", {counted(s.errors, 'error')}"
 
 
 async def cmd_check(args: argparse.Namespace, out: Terminal) -> int:
@@ -1210,11 +1204,14 @@ def _check_demo_sizes(args: argparse.Namespace) -> None:
 
 def _describe_demo(out: Terminal, c: DemoConfig) -> None:
     out.print(
-        f"control-store demo on {_sqlite.redact(c.url)}: {c.runs} runs x {c.jobs_per_run} jobs "
-        f"({c.models} models x {c.samples} samples x {c.epochs} epochs)"
+        f"control-store demo on {_sqlite.redact(c.url)}: {counted(c.runs, 'run')} x "
+        f"{counted(c.jobs_per_run, 'job')} ({counted(c.models, 'model')} x "
+        f"{counted(c.samples, 'sample')} x {counted(c.epochs, 'epoch')})"
     )
+    processes = counted(c.processes, "process", "processes")
     out.print(
-        f"  {c.schedulers} schedulers in {c.processes} processes, {c.workers} workers each; "
+        f"  {counted(c.schedulers, 'scheduler')} in {processes}, "
+        f"{counted(c.workers, 'worker')} each; "
         f"{c.duplicate_rate:.0%} of outcomes delivered twice, {c.death_rate:.0%} of dispatches "
         f"end with the worker dying before it acknowledges (seed {c.seed})"
     )
@@ -1283,14 +1280,15 @@ def _summarise_demo(
     """The demo's closing lines; ``where``: the --url to name in the commands it suggests."""
     # The jobs recorded, not those submitted: a fleet that failed part-way did fewer.
     done = (
-        f"{c.total_jobs:,}"
+        counted(c.total_jobs, "job")
         if snap.recorded == c.total_jobs
-        else f"{snap.recorded:,} of {c.total_jobs:,}"
+        else f"{snap.recorded:,} of {counted(c.total_jobs, 'job')}"
     )
+    deliveries = counted(snap.deliveries, "delivery", "deliveries")
     out.print(
-        f"{done} jobs in {snap.elapsed:.1f} s: {_jobs_per_second(snap):,.0f} jobs/s, "
-        f"{snap.deliveries:,} deliveries, {snap.absorbed:,} duplicates absorbed "
-        f"({snap.redispatched:,} jobs dispatched again after a worker died)"
+        f"{done} in {snap.elapsed:.1f} s: {_jobs_per_second(snap):,.0f} jobs/s, "
+        f"{deliveries}, {counted(snap.absorbed, 'duplicate')} absorbed "
+        f"({counted(snap.redispatched, 'job')} dispatched again after a worker died)"
     )
     out.print("verified against the database:")
     for check in checks:

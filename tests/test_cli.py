@@ -486,7 +486,7 @@ def test_show_prints_the_run_for_a_person(
     assert code == 0
     assert f"run       {older.id}" in out
     assert "queued 1  running 0  done 3  (of 4)" in out
-    assert "3 recorded, 2 scored, mean score 0.500 (min 0.000, max 1.000), 1 errors" in out
+    assert "3 recorded, 2 scored, mean score 0.500 (min 0.000, max 1.000), 1 error" in out
     assert "boom\\nat line 2" in out  # one line: its newline escaped
 
 
@@ -898,6 +898,39 @@ def test_migrate_status_lists_a_history_it_refuses(
         states = {int(row.split()[0]): row.split()[-2] for row in out.splitlines()[1:]}
     expected = {v: "applied" for v, _ in SHIPPED} | {version: state}
     assert states == expected
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_migrate_status_lists_a_migration_whose_row_was_lost_as_missing(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    as_json: bool,
+) -> None:
+    """A migration whose tracking row was deleted below one still recorded: migrate --status
+    lists it as missing (it listed nothing before), then exits 1 with the refusal, whose fix
+    puts the row back; nothing changes."""
+    with_second_migration(monkeypatch)
+    path = tmp_path / "history.db"
+    assert run_cli(capsys, "migrate", "--url", str(path))[0] == 0
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute(f"DELETE FROM {TRACKING_TABLE} WHERE version = 1")
+    before = path.read_bytes()
+    argv = ["migrate", "--status", *(["--json"] if as_json else []), "--url", str(path)]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 1
+    (line,) = err.splitlines()
+    assert "not migration 1 (init), which comes before it" in line
+    assert f"INSERT INTO {TRACKING_TABLE}" in line
+    later = [version for version, _ in SHIPPED[1:]] + [NEXT_VERSION]
+    if as_json:
+        states = {s["version"]: s["state"] for s in json.loads(out)}
+    else:
+        # VERSION DESCRIPTION... STATE [INSTALLED-ON]: the missing one has no time.
+        rows = [row.split() for row in out.splitlines()[1:]]
+        states = {int(row[0]): row[-1] if row[0] == "1" else row[-2] for row in rows}
+    assert states == {1: "missing"} | dict.fromkeys(later, "applied")
     assert path.read_bytes() == before
 
 
@@ -2046,7 +2079,7 @@ def test_demo_exits_1_when_the_fleet_did_nothing(
     code, out, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
     assert code == 1
     # The jobs recorded, and their rate: not those submitted, as if they had all been done.
-    assert "\n0 of 60 jobs in 0.1 s: 0 jobs/s, 1 deliveries" in out
+    assert "\n0 of 60 jobs in 0.1 s: 0 jobs/s, 1 delivery," in out
     assert (
         "✗ every run claimed by exactly one scheduler: 3 claimed by no scheduler that reported"
         in out

@@ -87,6 +87,26 @@ async def test_connecting_twice_from_one_call_opens_two_stores(tmp_path: Path) -
     await second.close()
 
 
+async def test_each_task_made_of_one_connect_call_opens_its_own_store(tmp_path: Path) -> None:
+    """Tasks made of one Store.connect(...), at once or one after another (and after an
+    await of it), each open a store of their own: the second task stepped the first one's
+    coroutine, or raised the raw "cannot reuse already awaited coroutine"."""
+    connecting = Store.connect(tmp_path / "a.db")
+    together = await asyncio.gather(
+        asyncio.create_task(connecting), asyncio.create_task(connecting)
+    )
+    awaited = await connecting
+    later = await asyncio.create_task(connecting)
+    stores = [*together, awaited, later]
+    assert len({id(store) for store in stores}) == 4
+    run = make_run()
+    await stores[0].insert_run(run)
+    for store in stores:
+        assert await store.get_run(run.id) == run
+        await store.close()
+    assert connecting._running == {}  # nothing kept of the coroutines that ended
+
+
 async def test_a_connect_task_cancelled_before_it_starts_opens_nothing(tmp_path: Path) -> None:
     """A connect task cancelled before its first step creates no file and leaves no thread.
 
