@@ -2991,20 +2991,28 @@ class _RerunLeniently(Exception):
     again with the lenient text factory (see _claim and _Worker.run_op)."""
 
 
-def _why_unrecorded(run_id: str, job_id: str, conn: sqlite3.Connection) -> None:
-    """Raise the error that explains why MARK_JOB_DONE changed nothing; return on a redelivery."""
+def _why_unrecorded(
+    run_id: str, job_id: str, conn: sqlite3.Connection, index: int | None = None
+) -> None:
+    """Raise the error that explains why MARK_JOB_DONE changed nothing; return on a redelivery.
+    ``index``: the outcome's place in a record_job_outcomes batch, which the error names."""
     row = _leniently(conn, lambda: conn.execute(SELECT_JOB_STATE, (job_id,)).fetchone())
+    where, nothing, also = "", "nothing was recorded", ""
+    if index is not None:
+        where = f"outcomes[{index}]: "
+        nothing = "nothing of this call was recorded (a batch is all or nothing)"
+        also = ", or leave it out of the batch"
     if row is None:
         raise NotFoundError(
-            f"job {job_id} does not exist (outcome reported for run {run_id}); nothing was "
-            "recorded: check the job id the worker reported (if it is right, the job's row "
-            "was edited by hand: check() names it)"
+            f"{where}job {job_id} does not exist (outcome reported for run {run_id}); "
+            f"{nothing}: check the job id the worker reported (if it is right, the job's row "
+            f"was edited by hand: check() names it){also}"
         )
     _codec.stored_uuid("jobs", "run_id", job_id, row[0])  # canonical text, or CorruptRowError
     if row[0] != run_id:
         raise WrongRunError(
-            f"job {job_id} belongs to run {row[0]}, not to run {run_id}; nothing was "
-            "recorded: report the outcome with the job's own run id"
+            f"{where}job {job_id} belongs to run {row[0]}, not to run {run_id}; {nothing}: "
+            f"report the outcome with the job's own run id{also}"
         )
     status, has_outcome = _codec.stored_job_status(job_id, row[1]), bool(row[2])
     if status is JobStatus.DONE and has_outcome:
@@ -3066,7 +3074,7 @@ def op_record_outcomes(
             new += 1
             record(True)
         else:
-            _why_unrecorded(run_id, job_id, conn)
+            _why_unrecorded(run_id, job_id, conn, len(results))
             record(False)
     if new and conn.execute(ADVANCE_RUN_BY, (new, new, run_id)).rowcount != 1:
         _refuse_corrupt_counters(run_id, first_new, conn)

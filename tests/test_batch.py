@@ -133,28 +133,34 @@ async def test_a_job_twice_in_one_batch_counts_once(store: Store) -> None:
 
 
 async def test_an_unknown_job_in_a_batch_records_nothing(store: Store) -> None:
-    """One outcome for a job the store lacks fails the whole batch with NotFoundError."""
+    """One outcome for a job the store lacks fails the whole batch with NotFoundError, which
+    names its place in the batch and says the batch recorded nothing."""
     run = make_run(job_count=3)
     jobs = make_jobs(run)
     await store.insert_run(run)
     await store.insert_jobs(jobs)
     ghost = uuid.uuid4()
     batch = [JobOutcome(jobs[0].id), JobOutcome(ghost), JobOutcome(jobs[1].id)]
-    with pytest.raises(NotFoundError, match=str(ghost)):
+    with pytest.raises(NotFoundError, match=rf"^outcomes\[1\]: job {ghost} does not exist") as e:
         await store.record_job_outcomes(run.id, batch)
+    assert "nothing of this call was recorded (a batch is all or nothing)" in str(e.value)
+    assert str(e.value).endswith(", or leave it out of the batch")
     assert await store.get_run(run.id) == run
     assert await store.list_jobs(run.id) == jobs
 
 
 async def test_another_runs_job_in_a_batch_records_nothing(store: Store) -> None:
-    """One outcome for another run's job fails the whole batch with WrongRunError."""
+    """One outcome for another run's job fails the whole batch with WrongRunError, which names
+    its place in the batch."""
     run, other = make_run(job_count=2), make_run(job_count=2)
     jobs, others = make_jobs(run), make_jobs(other)
     for r in (run, other):
         await store.insert_run(r)
     await store.insert_jobs([*jobs, *others])
     batch = [JobOutcome(jobs[0].id), JobOutcome(others[0].id)]
-    with pytest.raises(WrongRunError, match=f"{others[0].id}.*{other.id}.*{run.id}"):
+    with pytest.raises(
+        WrongRunError, match=rf"^outcomes\[1\]: job {others[0].id}.*{other.id}.*{run.id}"
+    ):
         await store.record_job_outcomes(run.id, batch)
     assert await store.get_run(run.id) == run
     assert await store.get_run(other.id) == other
