@@ -674,24 +674,24 @@ def _check_place(path: str, name: str) -> None:
         )
     # SQLite says only SQLITE_CANTOPEN for a file it may not read, the database or its -wal or
     # -shm (named after the symlink's target, for a path that is a symlink): by its message, a
-    # full or failing disk.
+    # full or failing disk. Asked with access(), never by opening the file: closing any
+    # descriptor of a file drops every POSIX lock this process holds on it, SQLite's for
+    # another store on it included, and the next connection to close, in any process, then
+    # took itself for the last and deleted the -wal and -shm under that store (measured).
     target = os.path.realpath(path)
     for suffix, which in (("", "it"), ("-wal", "its -wal file"), ("-shm", "its -shm file")):
-        try:
-            os.close(os.open(path if not suffix else f"{target}{suffix}", os.O_RDONLY))
-        except PermissionError:
+        place = path if not suffix else f"{target}{suffix}"
+        if os.path.exists(place) and not os.access(place, os.R_OK):
             also = (
                 "and writable, to write to it" if not suffix else "and writable: SQLite writes it"
             )
             error = StorageError(
                 f"cannot open {name}: this user may not read {which}"
-                f"{f' {target + suffix!r}' if suffix else ''} (permission denied); make the "
-                f"file readable by this user ({also}), then retry"
+                f"{f' {place!r}' if suffix else ''} (permission denied); make the file readable "
+                f"by this user ({also}), then retry"
             )
             error.retryable = True  # as a write-protected file: cured outside, then retried
-            raise error from None
-        except OSError:  # none there, or anything else: SQLite meets and explains it
-            pass
+            raise error
 
 
 def _check_new_file(path: str, name: str) -> None:

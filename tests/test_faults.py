@@ -12,6 +12,7 @@ import os
 import shutil
 import sqlite3
 import stat
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -493,6 +494,32 @@ async def test_a_moved_wal_file_put_back_lets_writes_go_on(db_path: Path) -> Non
         await store.insert_run(late)
     async with Store.connect(db_path) as store:
         assert {run.id for run in await store.list_runs()} == {earlier.id, late.id}
+    await assert_sound(db_path)
+
+
+async def test_a_second_store_in_a_process_keeps_the_first_ones_locks(db_path: Path) -> None:
+    """Connecting a second store to a file this process has open never opens and closes the
+    file (or its -wal or -shm) itself: closing any descriptor of a file drops every POSIX lock
+    the process holds on it, and another process's connection closing next then took itself
+    for the last and deleted the -wal and -shm under the open stores (a connect's check for an
+    unreadable file did so for a while)."""
+    first = await Store.connect(db_path)
+    run = make_run()
+    await first.insert_run(run)
+    second = await Store.connect(db_path)
+    reader = (
+        "import sqlite3, sys; conn = sqlite3.connect(sys.argv[1]); "
+        "conn.execute('SELECT count(*) FROM runs').fetchall(); conn.close()"
+    )
+    process = await asyncio.create_subprocess_exec(sys.executable, "-c", reader, str(db_path))
+    assert await asyncio.wait_for(process.wait(), 60) == 0
+    assert Path(f"{db_path}-wal").exists()
+    assert Path(f"{db_path}-shm").exists()
+    later = make_run()
+    await first.insert_run(later)  # refused as "-wal deleted" when the locks were dropped
+    assert {r.id for r in await second.list_runs()} == {run.id, later.id}
+    await second.close()
+    await first.close()
     await assert_sound(db_path)
 
 
