@@ -216,7 +216,7 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
         try:
             return step(running)
         except BaseException:  # StopIteration (its store) included: that coroutine has ended
-            del self._running[task]
+            self._running.pop(task, None)
             raise
 
     def send(self, value: Any) -> Any:
