@@ -380,7 +380,9 @@ def _table(
 
 def _url(args: argparse.Namespace) -> str:
     given = getattr(args, "url", None)
-    if isinstance(given, list):  # --url=--: argparse takes "--" for the end of options, leaves []
+    # --url=--: argparse before 3.13 takes the "--" for the end of options and leaves [];
+    # 3.13's keeps it. Refused on each alike: a file named so is written ./--.
+    if isinstance(given, list) or given == "--":
         raise UsageError(
             "--url=-- names no database (argparse reads '--' as the end of the options); for a "
             "file named '--', give --url ./--"
