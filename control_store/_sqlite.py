@@ -471,7 +471,10 @@ def read_only_uri(path: str) -> str:
     in a URI SQLite reads ``?`` as the start of the query and ``#`` as the fragment, and
     decodes ``%XX``, so a file named ``a?b#c%20.db`` must reach it as ``a%3Fb%23c%2520.db``.
     """
-    return f"{Path(os.path.abspath(path)).as_uri()}?mode=ro"
+    # Made absolute, never normalised: abspath reads "link/../x.db" as "x.db" beside the link,
+    # another file than the one the kernel (and SQLite, and a writable store) opens.
+    absolute = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+    return f"{Path(absolute).as_uri()}?mode=ro"
 
 
 # The oldest SQLite this library runs on: 3.35.0 brought RETURNING, which every claim uses.
@@ -1007,6 +1010,30 @@ class _Connection(aiosqlite.Connection):
 # multiprocessing's do, may still close it then).
 _OPEN: Final[set[sqlite3.Connection]] = set()
 
+# The file (device, inode) each open connection of a store has open, and the process that
+# opened it. POSIX locks belong to a process and a file: closing any descriptor of the file
+# drops all of this process's, and a fork()ed child holds none of its parent's. SQLite keeps
+# one record per file and process of the locks its connections hold, and a child inherits its
+# parent's: a connection the child opens on a file its parent had open takes none of its own.
+_FILES: Final[dict[sqlite3.Connection, tuple[int, tuple[int, int]]]] = {}
+
+
+def _note_file(raw: sqlite3.Connection | None, path: str) -> None:
+    """Record that ``raw`` (a store's connection, configured) has the file at ``path`` open."""
+    identity = _identity_if_there(path)
+    if raw is not None and identity is not None:
+        _FILES[raw] = (os.getpid(), identity)
+
+
+def _held(identity: tuple[int, int], *, here: bool) -> bool:
+    """Whether an open store's connection has the file ``identity``: one opened by this process
+    (``here``), or one inherited from the process this one was fork()ed from."""
+    pid = os.getpid()
+    return any(
+        raw in _OPEN and file == identity and (opener == pid) == here
+        for raw, (opener, file) in list(_FILES.items())
+    )
+
 
 class Opening(NamedTuple):
     """A connection whose file is being opened on its worker (see open_on_worker)."""
@@ -1079,6 +1106,7 @@ def _close_quietly(raw: sqlite3.Connection) -> None:
     with contextlib.suppress(Exception):
         raw.close()
     _OPEN.discard(raw)
+    _FILES.pop(raw, None)
 
 
 def stop_worker(conn: aiosqlite.Connection, *, closed: asyncio.Future[None] | None = None) -> None:
@@ -1425,7 +1453,14 @@ def _explain_unreadable(exc: sqlite3.Error, *, path: str, database: str) -> Cont
 
 
 def _in_wal_mode(path: str) -> bool:
-    """Whether the file's header says WAL: bytes 18 and 19 (write and read version) are 2."""
+    """Whether the file's header says WAL: bytes 18 and 19 (write and read version) are 2.
+
+    Never opened while another store of this process has the file open: closing the
+    descriptor would drop that store's SQLite locks (see _check_place). Such a store has
+    put it in WAL mode."""
+    identity = _identity_if_there(path)
+    if identity is not None and _held(identity, here=True):
+        return True
     try:
         with open(path, "rb") as file:
             header = file.read(20)
@@ -3145,6 +3180,16 @@ class SqliteBackend:
     async def open(cls, url: str | os.PathLike[str], options: Options) -> SqliteBackend:
         require_sqlite()
         path = parse_url(url)
+        identity = _identity_if_there(path) if path != MEMORY else None
+        if identity is not None and _held(identity, here=False):
+            raise ConfigurationError(
+                f"cannot open {database_name(url, path)} in process {os.getpid()}: it was "
+                "forked from a process that has a store open on that file, and SQLite's locks "
+                "are not inherited across fork(), so a store opened here would hold none (the "
+                "parent's close would then delete the -wal under it, losing its writes); start "
+                "this process with multiprocessing's 'spawn' or 'forkserver' method, or close "
+                "the parent's store before forking"
+            )
         database = (
             "the in-memory database" if path == MEMORY else f"database {database_name(url, path)}"
         )
@@ -3160,6 +3205,7 @@ class SqliteBackend:
                     worker = backend._worker
                     worker.path, worker.identity, worker.wal_base = _locate(path)
                     worker.refuse_replaced_wal_files()  # sees them first
+                    _note_file(backend._conn._connection, path)
                 except OSError as exc:  # the file went away (or out of reach) meanwhile
                     raise _unreachable(database_name(url, path), exc) from exc
             else:
@@ -3228,6 +3274,7 @@ class SqliteBackend:
             await backend.read(
                 partial(configure_read_only, path=path, database=database, options=options)
             )
+            _note_file(backend._conn._connection, path)
         except BaseException as exc:
             await backend.give_up(exc)
             raise
@@ -3440,7 +3487,10 @@ class SqliteBackend:
                 f"this store on {self._database} was opened by process {self._pid}, and "
                 f"process {_Process.pid} is a fork of it: the store's connection thread does "
                 "not exist here, and an SQLite connection must not be used across fork(); "
-                f"nothing was done: connect a new Store in process {_Process.pid}"
+                f"nothing was done: connect a new Store in process {_Process.pid} (on a file "
+                "database, only in a child started by multiprocessing's 'spawn' or "
+                "'forkserver' method, or forked after the parent closed its store: SQLite's "
+                "locks do not survive fork())"
             )
         if asyncio.get_running_loop() is not self._loop:
             if self._loop.is_closed():

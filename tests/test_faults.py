@@ -22,6 +22,7 @@ import pytest
 
 from control_store import (
     ConfigurationError,
+    ControlError,
     DatabaseBusyError,
     InvalidInputError,
     JobOutcome,
@@ -497,6 +498,17 @@ async def test_a_moved_wal_file_put_back_lets_writes_go_on(db_path: Path) -> Non
     await assert_sound(db_path)
 
 
+async def _another_process_reads_and_closes(db_path: Path) -> None:
+    """A plain sqlite3 connection in another process reads the file and closes: the last
+    connection to close, as SQLite sees it, if this process's locks were dropped."""
+    reader = (
+        "import sqlite3, sys; conn = sqlite3.connect(sys.argv[1]); "
+        "conn.execute('SELECT count(*) FROM runs').fetchall(); conn.close()"
+    )
+    process = await asyncio.create_subprocess_exec(sys.executable, "-c", reader, str(db_path))
+    assert await asyncio.wait_for(process.wait(), 60) == 0
+
+
 async def test_a_second_store_in_a_process_keeps_the_first_ones_locks(db_path: Path) -> None:
     """Connecting a second store to a file this process has open never opens and closes the
     file (or its -wal or -shm) itself: closing any descriptor of a file drops every POSIX lock
@@ -507,12 +519,7 @@ async def test_a_second_store_in_a_process_keeps_the_first_ones_locks(db_path: P
     run = make_run()
     await first.insert_run(run)
     second = await Store.connect(db_path)
-    reader = (
-        "import sqlite3, sys; conn = sqlite3.connect(sys.argv[1]); "
-        "conn.execute('SELECT count(*) FROM runs').fetchall(); conn.close()"
-    )
-    process = await asyncio.create_subprocess_exec(sys.executable, "-c", reader, str(db_path))
-    assert await asyncio.wait_for(process.wait(), 60) == 0
+    await _another_process_reads_and_closes(db_path)
     assert Path(f"{db_path}-wal").exists()
     assert Path(f"{db_path}-shm").exists()
     later = make_run()
@@ -520,6 +527,29 @@ async def test_a_second_store_in_a_process_keeps_the_first_ones_locks(db_path: P
     assert {r.id for r in await second.list_runs()} == {run.id, later.id}
     await second.close()
     await first.close()
+    await assert_sound(db_path)
+
+
+async def test_a_refused_read_only_open_keeps_this_process_s_locks(db_path: Path) -> None:
+    """A read-only store refused on a hard link to a file a writable store of this process
+    has open (its -wal and -shm cannot be opened beside the link): explaining the refusal
+    reads the file's header, and that read never opens and closes the file (which drops the
+    writable store's locks: another process's close then deleted its -wal and -shm)."""
+    store = await Store.connect(db_path)
+    await store.insert_run(make_run())
+    elsewhere = db_path.parent / "elsewhere"
+    elsewhere.mkdir()
+    link = elsewhere / "link.db"
+    os.link(db_path, link)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{link}{suffix}").mkdir()  # no file SQLite can open
+    with pytest.raises(ControlError):
+        await Store.connect(link, read_only=True)
+    await _another_process_reads_and_closes(db_path)
+    assert Path(f"{db_path}-wal").exists()
+    assert Path(f"{db_path}-shm").exists()
+    await store.insert_run(make_run())  # refused as "-wal deleted" when the locks were dropped
+    await store.close()
     await assert_sound(db_path)
 
 

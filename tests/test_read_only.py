@@ -132,6 +132,24 @@ async def test_a_relative_path_opens_read_only(
             assert await store.get_run(run.id) == run
 
 
+async def test_a_path_through_a_symlink_and_dot_dot_opens_the_file_the_kernel_does(
+    tmp_path: Path,
+) -> None:
+    """ "link/../x.db", link a symlink to a directory elsewhere: the kernel (and a writable
+    store) opens x.db beside the link's target; the read-only store read x.db beside the
+    link, another file, by normalising the path as text before SQLite saw it."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "link").symlink_to(tmp_path / "real" / "sub")
+    through = tmp_path / "here" / "link" / ".." / "x.db"
+    run, _ = await populate(tmp_path / "real" / "x.db")
+    decoy, _ = await populate(tmp_path / "here" / "x.db")  # where the text leads
+    for given in (str(through), f"sqlite://{through}"):
+        async with Store.connect(given, read_only=True) as store:
+            assert await store.get_run(run.id) == run
+            assert await store.get_run(decoy.id) is None
+
+
 # ---------------------------------------------------------------------------------------------
 # Writes are refused, and leave the file as it was
 
