@@ -574,9 +574,10 @@ def job_encoder() -> tuple[
                 job_id, run_id, spec = job.id, job.run_id, job.spec
                 status, attempt = job.status, job.attempt
                 if run_id is not run_id_seen and type(run_id) is _UUID:
+                    text = uuid_text(run_id)  # may raise (no value): before any count moves
                     if streak:
                         counted[run_text] = counted.get(run_text, 0) + streak
-                    run_id_seen, run_text, streak = run_id, uuid_text(run_id), 0
+                    run_id_seen, run_text, streak = run_id, text, 0
                 if (
                     run_id is run_id_seen  # an exact uuid.UUID, whose text run_text is
                     and job.outcome is None

@@ -361,6 +361,9 @@ def scheduler_process(
     # The parent owns Ctrl-C (which the terminal sends to the whole process group), as it owns
     # SIGTERM and SIGHUP: it terminates the children, which must not print tracebacks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The parent stops a child with SIGTERM (terminate()): one the demo's caller ignored is
+    # inherited ignored through exec, and terminate() then stopped nothing.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     tally = _Tally(counters, process)
     error: str | None = None
     retryable = False
@@ -558,6 +561,9 @@ def _start_resource_tracker() -> None:
         resource_tracker.ensure_running()
 
 
+_TERMINATE_WAIT: Final = 1.0
+
+
 async def run_fleet(config: DemoConfig, on_progress: Callable[[Snapshot], None]) -> FleetResult:
     """Start the scheduler processes and wait for them, reporting progress about every 0.1 s."""
     context = multiprocessing.get_context("spawn")  # no fork: the parent holds an open store
@@ -609,7 +615,10 @@ async def run_fleet(config: DemoConfig, on_progress: Callable[[Snapshot], None])
         for process in processes:  # only ours, and only if still running (interrupted)
             if process.is_alive():
                 process.terminate()
-                process.join()
+                process.join(_TERMINATE_WAIT)
+                if process.is_alive():  # SIGTERM still ignored: it was not yet past its start
+                    process.kill()
+                    process.join()
         for pipe in pipes:
             pipe.close()
     final = snapshot()
@@ -738,7 +747,7 @@ async def verify(
         if stored_jobs == config.total_jobs
         else _problems(
             [("unreadable jobs, as store.check() below says", unreadable)],
-            ok=f"{stored_jobs:,} jobs in the database, expected {config.total_jobs:,}",
+            ok=f"{counted(stored_jobs, 'job')} in the database, expected {config.total_jobs:,}",
         ),
     )
     check(

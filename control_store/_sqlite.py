@@ -684,7 +684,9 @@ def _check_place(path: str, name: str) -> None:
     target = os.path.realpath(path)
     for suffix, which in (("", "it"), ("-wal", "its -wal file"), ("-shm", "its -shm file")):
         place = path if not suffix else f"{target}{suffix}"
-        if os.path.exists(place) and not os.access(place, os.R_OK):
+        if os.path.exists(place) and not os.access(
+            place, os.R_OK, effective_ids=os.access in os.supports_effective_ids
+        ):
             also = (
                 "and writable, to write to it" if not suffix else "and writable: SQLite writes it"
             )
@@ -713,6 +715,9 @@ def _check_new_file(path: str, name: str) -> None:
     # running store's only copy of its writes since the last checkpoint) and shares the -shm
     # with the running store, whose reads then go wrong without an error (measured).
     left = [suffix for suffix in ("-wal", "-shm") if os.path.lexists(f"{target}{suffix}")]
+    if left and (os.path.lexists(path) or _stale_sidecars(str(target))):
+        left = []  # created meanwhile by another process's connect; or what a closed
+        # read-only store leaves (an empty -wal, a -shm no process uses): nothing at stake
     if left:
         files = " and ".join(repr(f"{target}{suffix}") for suffix in left)
         raise ConfigurationError(
@@ -735,6 +740,26 @@ def _check_new_file(path: str, name: str) -> None:
             f"{size + len(_JOURNAL_SUFFIX)}, past this file system's limit of {longest}; give "
             f"the database a name of at most {longest - len(_JOURNAL_SUFFIX)} bytes"
         )
+
+
+def _stale_sidecars(target: str) -> bool:
+    """Whether ``target``'s -wal is empty (or absent) and its -shm (if any) is locked by no
+    process: SQLite, making a new file there, then loses nothing and shares nothing. Asked of
+    /proc/locks, never by opening the -shm (closing it would drop this process's locks);
+    False where that cannot be told (no /proc, or this process may have the -shm open)."""
+    try:
+        if os.path.lexists(f"{target}-wal") and os.stat(f"{target}-wal").st_size:
+            return False
+        try:
+            st = os.stat(f"{target}-shm")
+        except FileNotFoundError:
+            return True
+        with open("/proc/locks", encoding="ascii") as locks:  # a procfs file: no POSIX locks
+            held = locks.read()
+    except OSError:
+        return False
+    ident = f" {os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
+    return ident not in held
 
 
 # The longest name SQLite gives a file beside the database: its rollback journal's, used before
@@ -1971,10 +1996,19 @@ def _of_run(run_id: str, job_count: int, jobs: Iterable[Job]) -> Iterator[Job]:
         # By its type (never isinstance(), which an object faking __class__ passes), and its
         # fields read from the struct (never a subclass's properties, which may raise): one
         # that cannot be read so goes on to the encoder, which explains it.
-        fields = _job_fields(job)
+        if type(job) is Job:  # the hot path: Job's own slots, no property over them
+            try:
+                fields: tuple[object, object] | None = (job.run_id, job.id)
+            except AttributeError:  # a field unset through its slot descriptor
+                fields = None
+        else:
+            fields = _job_fields(job)
         if fields is not None:
             other, job_id = fields
-            if is_a(other, uuid.UUID) and _number_of(other) not in (number, None):
+            if (type(other) is uuid.UUID or is_a(other, uuid.UUID)) and _number_of(other) not in (
+                number,
+                None,
+            ):
                 raise InvalidInputError(
                     f"job {_id_shown(job_id)} belongs to run {_id_shown(other)}, "
                     f"not to run {run_id}, which "

@@ -1755,8 +1755,8 @@ def _demo_leftovers(args: argparse.Namespace) -> str:
     """What a demo stopped early left behind, and what to do about it."""
     stage = getattr(args, "demo_stage", None)
     refused = (
-        "a later demo refuses that file while it holds a queued run: delete the file, or "
-        "give the next demo another --url"
+        "a later demo refuses that file while it holds a queued run: delete the file (and "
+        "any -wal and -shm left beside it), or give the next demo another --url"
     )
     if stage == "submitting":
         # Only what the store confirmed written (see _demo.submit): a run's jobs go in one
@@ -1770,14 +1770,14 @@ def _demo_leftovers(args: argparse.Namespace) -> str:
             )
         if submitted.without_jobs is not None:
             return (
-                f"it had written {written} of its {args.demo_runs} runs with their jobs to "
-                f"{_shown(args)}, and run {submitted.without_jobs.id} without its jobs (stopped "
-                f"while they were being written); {refused}"
+                f"it had written {written} of its {counted(args.demo_runs, 'run')} with their "
+                f"jobs to {_shown(args)}, and run {submitted.without_jobs.id} without its jobs "
+                f"(stopped while they were being written); {refused}"
             )
         if written:
             return (
-                f"it had written {written} of its {args.demo_runs} runs with their jobs to "
-                f"{_shown(args)}, none of them started; {refused}"
+                f"it had written {written} of its {counted(args.demo_runs, 'run')} with their "
+                f"jobs to {_shown(args)}, none of them started; {refused}"
             )
     if stage in (None, "submitting"):
         return f"it had submitted no runs to {_shown(args)}"

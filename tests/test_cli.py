@@ -2525,7 +2525,7 @@ sys.exit(cli.main({argv!r}))
     assert sorted(jobs.values()) == [0, per_run, per_run]
     assert f"it had written 2 of its 3 runs with their jobs to {path}" in line
     assert f"and run {empty} without its jobs" in line
-    assert "delete the file, or give the next demo another --url" in line
+    assert "delete the file (and any -wal and -shm left beside it), or give the next" in line
 
 
 def _wait_for(predicate: Callable[[], object], what: str) -> object:
@@ -2671,6 +2671,40 @@ def test_a_demo_started_under_nohup_goes_on_when_its_terminal_closes(tmp_path: P
         with contextlib.suppress(ProcessLookupError):
             os.killpg(demo_process.pid, signal.SIGKILL)
         demo_process.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+def test_a_demo_started_with_sigterm_ignored_still_stops_its_schedulers(tmp_path: Path) -> None:
+    """SIGTERM ignored where the demo started: its scheduler processes inherit that through
+    exec, and the stop's terminate() of each did nothing (the demo hung in join()). They take
+    SIGTERM back, so Ctrl-C stops the demo as ever."""
+    path = tmp_path / "demo.db"
+    command = [sys.executable, "-m", "control_store", "demo", "--url", str(path), "--runs", "200"]
+    demo_process = subprocess.Popen(
+        ["/bin/sh", "-c", 'trap "" TERM; exec "$@"', "sh", *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_clean_env(),
+    )
+    children: list[int] = []
+    try:
+        _wait_for(lambda: _started_runs(path), "a scheduler to claim a run")
+        children = _scheduler_processes(demo_process.pid)
+        assert children
+        demo_process.send_signal(signal.SIGINT)
+        _, err = demo_process.communicate(timeout=60)
+        assert demo_process.returncode == 130, err
+        (line,) = err.splitlines()
+        assert line.startswith("control-store: interrupted after "), line
+        _wait_for(lambda: all(_ended(pid) for pid in children), "the scheduler processes to end")
+    finally:
+        demo_process.kill()
+        demo_process.wait()
+        for pid in children:
+            if not _ended(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow

@@ -577,6 +577,63 @@ async def test_connecting_where_a_running_stores_file_was_moved_away_is_refused(
     await assert_sound(db_path)
 
 
+async def test_a_file_deleted_after_read_only_use_is_made_anew(db_path: Path) -> None:
+    """A read-only store leaves an empty -wal and a -shm it may not delete; with the file
+    then deleted (the demo's "delete the file"), a connect makes a new one: an empty -wal
+    nobody has open holds nothing to lose (it was refused as a file deleted while open)."""
+    async with Store.connect(db_path) as writer:
+        await writer.insert_run(make_run())
+    async with Store.connect(db_path, read_only=True) as reader:
+        assert await reader.list_runs()
+    assert Path(f"{db_path}-wal").stat().st_size == 0
+    assert Path(f"{db_path}-shm").exists()
+    db_path.unlink()
+    async with Store.connect(db_path) as fresh:
+        assert await fresh.list_runs() == []
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="reads /proc/locks")
+async def test_an_empty_wal_of_a_running_store_still_refuses_a_new_file(db_path: Path) -> None:
+    """A running store whose file was moved away, its -wal checkpointed empty: its -shm is
+    still locked (in use), and a new file there would share it: refused all the same."""
+    async with Store.connect(db_path) as store:
+        await store.insert_run(make_run())
+        with contextlib.closing(sqlite3.connect(db_path)) as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        assert Path(f"{db_path}-wal").stat().st_size == 0
+        away = db_path.with_name("moved.db")
+        db_path.rename(away)
+        with pytest.raises(ConfigurationError, match=r"no database file is there, but"):
+            await Store.connect(db_path)
+        away.rename(db_path)
+
+
+async def test_a_file_another_process_creates_meanwhile_is_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database is made by another process's connect between this one's look at the
+    path and at its -wal and -shm: that is a new database, not one deleted while open."""
+    db_path = tmp_path / "new.db"
+    looked = os.path.lexists
+
+    def racing(path: str) -> bool:
+        if path.endswith("-wal") and not looked(db_path):
+            other = sqlite3.connect(db_path)  # as a store's connect begins: WAL, no table
+            other.execute("PRAGMA journal_mode=WAL")
+            other.execute("SELECT count(*) FROM sqlite_schema").fetchall()  # makes -wal, -shm
+            holder.append(other)  # open: its -wal and -shm stay
+        return looked(path)
+
+    holder: list[sqlite3.Connection] = []
+    monkeypatch.setattr(os.path, "lexists", racing)
+    async with Store.connect(db_path) as store:
+        monkeypatch.undo()
+        assert holder  # the race was run
+        assert await store.list_runs() == []
+    for conn in holder:
+        conn.close()
+
+
 async def test_a_deleted_file_is_not_made_anew_over_its_wal_and_shm(db_path: Path) -> None:
     """A file deleted under a running store: connecting to the path is refused while that
     store's -wal and -shm are there (a new file would take them over), before and after the

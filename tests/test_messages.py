@@ -418,6 +418,11 @@ async def test_fields_are_read_from_the_struct_never_through_a_subclass_or_an_un
             await call()
     assert await store.list_runs() == [run]
     assert await store.list_jobs(run.id) == []
+    # The place given is the job's: the run's count moved before the id was read, and counted
+    # the jobs before it twice (jobs[2] for the second job).
+    batch = [Job(run.id, EvalJob("a", "p", 0)), Job(RunId(hollow), EvalJob("a", "q", 0))]
+    with pytest.raises(InvalidInputError, match=r"^jobs\[1\]"):
+        await store.insert_jobs(batch)
 
     shadowed = _RaisingRunId(run.id, EvalJob("a", "0", 0))
     await store.insert_jobs([shadowed])
