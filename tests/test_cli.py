@@ -2573,6 +2573,15 @@ def _started_runs(path: Path) -> int:
     return int(count)
 
 
+def _kill_all(demo_process: subprocess.Popen[str], children: list[int]) -> None:
+    """A test's clean-up: the demo and its scheduler processes gone, whatever the test did."""
+    demo_process.kill()
+    demo_process.wait()
+    for pid in children:
+        if not _ended(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _long_demo(path: Path, *, own_group: bool = False) -> subprocess.Popen[str]:
     """A demo of 200 runs on ``path``, far from done when a test stops it; ``own_group``: in
     a process group of its own, for a signal sent to the group."""
@@ -2610,11 +2619,7 @@ def test_demo_scheduler_processes_stop_with_their_parent(tmp_path: Path, signum:
         _wait_for(lambda: all(_ended(pid) for pid in children), "the scheduler processes to end")
         assert _started_runs(path) < 200  # they stopped claiming: runs are left queued
     finally:
-        demo_process.kill()
-        demo_process.wait()
-        for pid in children:
-            if not _ended(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_all(demo_process, children)
 
 
 @pytest.mark.slow
@@ -2700,11 +2705,7 @@ def test_a_demo_started_with_sigterm_ignored_still_stops_its_schedulers(tmp_path
         assert line.startswith("control-store: interrupted after "), line
         _wait_for(lambda: all(_ended(pid) for pid in children), "the scheduler processes to end")
     finally:
-        demo_process.kill()
-        demo_process.wait()
-        for pid in children:
-            if not _ended(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_all(demo_process, children)
 
 
 @pytest.mark.slow
