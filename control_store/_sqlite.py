@@ -715,7 +715,7 @@ def _check_new_file(path: str, name: str) -> None:
     # running store's only copy of its writes since the last checkpoint) and shares the -shm
     # with the running store, whose reads then go wrong without an error (measured).
     left = [suffix for suffix in ("-wal", "-shm") if os.path.lexists(f"{target}{suffix}")]
-    if left and (os.path.lexists(path) or _stale_sidecars(str(target))):
+    if left and (os.path.exists(path) or _stale_sidecars(str(target))):
         left = []  # created meanwhile by another process's connect; or what a closed
         # read-only store leaves (an empty -wal, a -shm no process uses): nothing at stake
     if left:
@@ -758,8 +758,11 @@ def _stale_sidecars(target: str) -> bool:
             held = locks.read()
     except OSError:
         return False
-    ident = f" {os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino} "
-    return ident not in held
+    # By inode number alone, on any device: /proc/locks prints the device of the inode's
+    # superblock, which is not stat()'s st_dev on btrfs (a subvolume's anonymous device) nor
+    # on an overlayfs over more than one file system. Another file of that number locked
+    # elsewhere only makes this say "in use": a refusal, never a -shm shared.
+    return re.search(rf" [0-9a-f]+:[0-9a-f]+:{st.st_ino} ", held) is None
 
 
 # The longest name SQLite gives a file beside the database: its rollback journal's, used before
@@ -1068,7 +1071,9 @@ class Opening(NamedTuple):
     made: list[sqlite3.Connection]  # what the open made, on the worker's side of the hand-over
 
 
-def open_on_worker(open_file: Callable[[], sqlite3.Connection], database: str) -> Opening:
+def open_on_worker(
+    open_file: Callable[[], sqlite3.Connection], database: str, *, path: str | None = None
+) -> Opening:
     """Start a new connection's worker thread (a daemon) and open the file on it; await
     ``opened`` for the sqlite3 connection, then make it the connection's own (take_opened).
 
@@ -1093,6 +1098,8 @@ def open_on_worker(open_file: Callable[[], sqlite3.Connection], database: str) -
     def open_it() -> sqlite3.Connection:
         raw = open_file()
         _OPEN.add(raw)
+        if path is not None:  # at once: a fork() while the connect goes on is refused too
+            _note_file(raw, path)
         made.append(raw)
         return raw
 
@@ -3231,7 +3238,9 @@ class SqliteBackend:
             return await cls._open_read_only(path, database, options)
         # check_same_thread=False: an in-memory store runs small calls on the loop's thread
         # too, serialised with the worker thread by _Worker.lock.
-        backend = await cls._connect(path, database, options, check_same_thread=path != MEMORY)
+        backend = await cls._connect(
+            path, database, options, file=path, check_same_thread=path != MEMORY
+        )
         try:
             await backend.read(partial(configure, path=path, options=options, database=database))
             if path != MEMORY:
@@ -3255,7 +3264,13 @@ class SqliteBackend:
 
     @classmethod
     async def _connect(
-        cls, target: str, database: str, options: Options, **kwargs: Any
+        cls,
+        target: str,
+        database: str,
+        options: Options,
+        *,
+        file: str | None = None,
+        **kwargs: Any,
     ) -> SqliteBackend:
         """A backend on a new aiosqlite connection in autocommit mode, its worker a daemon
         (see daemon_worker); the connection is closed again if the backend cannot be built.
@@ -3268,7 +3283,9 @@ class SqliteBackend:
         would hand a result to a loop that may have closed by then, failing on the thread.)
         """
         opening = open_on_worker(
-            partial(sqlite3.connect, target, isolation_level=None, **kwargs), database
+            partial(sqlite3.connect, target, isolation_level=None, **kwargs),
+            database,
+            path=None if file is None or file == MEMORY else file,
         )
         try:
             await opening.opened
@@ -3303,7 +3320,7 @@ class SqliteBackend:
                 "and a read-only store could never fill it; name an existing database file"
             )
         _require_file(path, database)
-        backend = await cls._connect(read_only_uri(path), database, options, uri=True)
+        backend = await cls._connect(read_only_uri(path), database, options, file=path, uri=True)
         try:
             await backend.read(
                 partial(configure_read_only, path=path, database=database, options=options)

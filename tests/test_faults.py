@@ -684,3 +684,22 @@ def test_a_text_over_two_gigabytes_is_invalid_input() -> None:
     assert isinstance(error, InvalidInputError)
     assert "longer than SQLite keeps" in str(error)
     assert isinstance(error.__cause__, OverflowError)
+
+
+async def test_a_deleted_file_behind_a_symlink_is_not_made_anew(db_path: Path) -> None:
+    """A store opened through a symlink whose target is then deleted: connecting through the
+    same (now dangling) symlink is refused as through the target's own path (the symlink
+    itself exists; it was taken for a file another connect made meanwhile)."""
+    link = db_path.with_name("link.db")
+    link.symlink_to(db_path)
+    store = await Store.connect(link)
+    await store.insert_run(make_run())
+    kept = db_path.with_name("kept.db")
+    os.link(db_path, kept)
+    db_path.unlink()
+    with pytest.raises(ConfigurationError, match=r"no database file is there, but"):
+        await Store.connect(link)
+    os.replace(kept, db_path)
+    await store.insert_run(make_run())
+    await store.close()
+    await assert_sound(db_path)

@@ -8,15 +8,17 @@ thread. Before the refusal, the child's first call waited forever.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import sqlite3
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from control_store import ConfigurationError, Store, StoreClosedError
+from control_store import ConfigurationError, Store, StoreClosedError, _sqlite
 from control_store.models import Run
 
 from conftest import CALL_TIMEOUT, make_jobs, make_run, one_call_of_each_kind
@@ -95,3 +97,24 @@ async def test_a_forked_child_is_refused_and_connects_its_own(tmp_path: Path, wh
         await store.insert_jobs(make_jobs(run, 3))
         assert len(await store.list_jobs(run.id)) == 3
         assert await store.check() == []
+
+
+async def test_a_store_still_connecting_has_its_file_on_record(db_path: Path) -> None:
+    """The file a store opens is on record (for the fork refusal, and for never opening it
+    with a plain open()) from the moment its connection opens it, not once the connect ends:
+    a connect waits up to busy_timeout for another process's write lock, and a fork() meanwhile
+    went unrefused (the parent's close then deleted the child store's -wal)."""
+    with contextlib.closing(sqlite3.connect(db_path, isolation_level=None)) as holder:
+        holder.execute("BEGIN IMMEDIATE")  # the connect's own BEGIN IMMEDIATE waits on it
+        connecting = asyncio.create_task(Store.connect(db_path, busy_timeout=30))
+        identity = _sqlite._identity_if_there(str(db_path))
+        assert identity is not None
+        deadline = asyncio.get_running_loop().time() + CALL_TIMEOUT
+        while not _sqlite._held(identity, here=True):
+            assert not connecting.done(), "the connect ended before its wait"
+            assert asyncio.get_running_loop().time() < deadline, "the file was never on record"
+            await asyncio.sleep(0.01)
+        holder.execute("ROLLBACK")
+    store = await asyncio.wait_for(connecting, CALL_TIMEOUT)
+    await store.close()
+    assert not _sqlite._held(identity, here=True)
