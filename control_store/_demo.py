@@ -776,7 +776,7 @@ async def verify(
 
 
 def _problems(found: Sequence[tuple[str, Sequence[str]]], *, ok: str) -> str:
-    parts = [f"{len(ids)} {label} (e.g. {', '.join(ids[:2])})" for label, ids in found if ids]
+    parts = [f"{len(ids):,} {label} (e.g. {', '.join(ids[:2])})" for label, ids in found if ids]
     return "; ".join(parts) or ok
 
 

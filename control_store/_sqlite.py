@@ -40,7 +40,7 @@ import aiosqlite
 import aiosqlite.core
 
 from . import _codec, _migrate
-from ._show import failure, is_a, shown, typed
+from ._show import counted, failure, is_a, shown, typed
 from .errors import (
     AlreadyExistsError,
     ConfigurationError,
@@ -2179,9 +2179,9 @@ def _refuse_job_rows(run_id: str, added: int, conn: sqlite3.Connection) -> NoRet
         else "it has all its jobs; put further jobs in a new run"
     )
     raise ConstraintError(
-        f"run {run_id} has job_count {job_count} and {job_rows} jobs already; this call would "
-        f"add {added} more; no job of this call was inserted: {fix} (a run's job_count is "
-        "fixed when it is inserted)"
+        f"run {run_id} has job_count {job_count} and {counted(job_rows, 'job')} already; this "
+        f"call would add {added} more; no job of this call was inserted: {fix} (a run's "
+        "job_count is fixed when it is inserted)"
     )
 
 

@@ -1091,6 +1091,10 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
             try:
                 result = await _demo.run_fleet(config, progress.update)
             except BaseException as exc:
+                # The progress line ended first, so that the stop's line on stderr starts a
+                # line of its own on a terminal (stdout gone, nothing is to be ended).
+                with contextlib.suppress(Exception):
+                    progress.finish()
                 # Stopped (a signal, output gone, an error): run_fleet has ended every scheduler
                 # process, and the runs they held would stay 'running' for good.
                 args.demo_requeued = await _requeue_stranded(args, store, runs)
@@ -1141,7 +1145,7 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
             "; a scheduler stopped on an error a retry may cure: run the demo again on a new "
             f"file, {_fresh_demo_command(path)}"
         )
-    _complain(f"{PROG}: error: demo invariant failed: {failed}{again}")
+    _complain(f"{PROG}: error: demo invariant failed: {failed}{_held_runs(args)}{again}")
     # A scheduler stopped by what a retry may cure (a lock held past --busy-timeout, a full
     # disk): exit as any command failing so does.
     return EXIT_RETRY if retry else EXIT_FAILURE
@@ -1785,28 +1789,34 @@ def _demo_leftovers(args: argparse.Namespace) -> str:
         return f"its runs had all finished in {_shown(args)}"
     # The runs its stopped schedulers held were queued again (see _requeue_stranded), so a
     # run not done is queued: the next demo refuses the file while one is.
-    requeued: int | ControlError | None = getattr(args, "demo_requeued", None)
-    if not isinstance(requeued, int):
-        # Failed, or never done (stopped at once while it waited for another process's lock).
-        why = (
-            "queueing them again did not finish"
-            if requeued is None
-            else f"queueing them again failed ({_LINE_BREAKS.sub(' ', str(requeued))})"
-        )
-        find = _command("runs", "--status", "running", "--all", *_given_url(args))
-        return (
-            f"its unfinished runs stay in {_shown(args)}, and those its schedulers held stay "
-            f"'running': {why}; queue them again with the UPDATE of README's recipe for runs "
-            f"a killed scheduler left (find them with {find}); {refused}"
-        )
-    held = (
-        ""
-        if not requeued
-        else " (the run its schedulers held was queued again)"
-        if requeued == 1
-        else f" (the {requeued:,} runs its schedulers held were queued again)"
-    )
+    held = _held_runs(args)
+    if held.startswith(";"):
+        return f"its unfinished runs stay in {_shown(args)}, and{held[1:]}; {refused}"
     return f"its unfinished runs stay in {_shown(args)}{held}, and {refused}"
+
+
+def _held_runs(args: argparse.Namespace) -> str:
+    """What became of the runs a stopped or failed demo's schedulers held (see
+    _requeue_stranded): " (... queued again)", "" for none, or, where queueing them again
+    failed or never finished, "; those its schedulers held stay 'running': ..." with the fix."""
+    requeued: int | ControlError | None = getattr(args, "demo_requeued", None)
+    if isinstance(requeued, int):
+        if not requeued:
+            return ""
+        if requeued == 1:
+            return " (the run its schedulers held was queued again)"
+        return f" (the {requeued:,} runs its schedulers held were queued again)"
+    # Failed, or never done (stopped at once while it waited for another process's lock).
+    why = (
+        "queueing them again did not finish"
+        if requeued is None
+        else f"queueing them again failed ({_LINE_BREAKS.sub(' ', str(requeued))})"
+    )
+    find = _command("runs", "--status", "running", "--all", *_given_url(args))
+    return (
+        f"; those its schedulers held stay 'running': {why}; queue them again with the UPDATE "
+        f"of README's recipe for runs a killed scheduler left (find them with {find})"
+    )
 
 
 def _main(args: argparse.Namespace) -> int:

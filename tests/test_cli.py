@@ -43,6 +43,7 @@ from control_store import (
     JobOutcome,
     Run,
     RunStatus,
+    StorageError,
     Store,
     cli,
 )
@@ -2142,10 +2143,27 @@ def test_a_failed_fleet_queues_again_the_runs_its_schedulers_held(
 
     monkeypatch.setattr(demo, "run_fleet", dying_fleet)
     path = tmp_path / "died.db"
-    code, out, _ = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
+    code, out, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
     assert code == 1
     assert "✗ every run done with done_count == job count" in out
     assert _run_statuses(path) == {"queued": 3}
+    # Its line says so, as a stopped demo's does (it said nothing of the held runs).
+    (line,) = err.splitlines()
+    assert "demo invariant failed: every scheduler process" in line
+    assert "(the run its schedulers held was queued again)" in line
+
+    async def failing(store: Store, runs: list[Run]) -> int:
+        raise StorageError("disk I/O error")
+
+    monkeypatch.setattr(demo, "requeue_stranded", failing)
+    path = tmp_path / "stuck.db"
+    code, _, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
+    assert code == 1
+    (line,) = err.splitlines()
+    assert "those its schedulers held stay 'running': queueing them again failed" in line
+    assert "README's recipe for runs a killed scheduler left" in line
+    assert f"control-store runs --status running --all --url {path}" in line
+    assert _run_statuses(path) == {"queued": 2, "running": 1}
 
 
 async def test_a_scheduler_dispatches_a_run_a_page_at_a_time(store: Store) -> None:
@@ -2294,6 +2312,30 @@ def test_a_demo_whose_processes_cannot_start_says_so_in_one_line(
     ), line
     assert f"so the demo stopped; its unfinished runs stay in {path}" in line
     assert _run_statuses(path) == {"queued": 3}
+
+
+def test_a_stopped_demo_ends_its_progress_line_before_its_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a terminal the progress line is ended before the stop's line is written: the error
+    was glued to the end of the progress bar ("... 595 jobs/scontrol-store: interrupted")."""
+
+    async def failing_fleet(
+        config: demo.DemoConfig, on_progress: Callable[[demo.Snapshot], None]
+    ) -> demo.FleetResult:
+        on_progress(_snapshot(3, 0.5))
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    def as_terminal(stream: Any) -> cli.Terminal:
+        return cli.Terminal(stream, tty=True, unicode=True, color=False, width=100)
+
+    monkeypatch.setattr(demo, "run_fleet", failing_fleet)
+    monkeypatch.setattr(cli.Terminal, "of", as_terminal)
+    code, out, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(tmp_path / "demo.db"))
+    assert code == cli.EXIT_FAILURE
+    assert "\r\x1b[K" in out  # the progress line was drawn
+    assert out.endswith(" jobs/s\n"), out[-80:]
+    assert err.startswith("control-store: error: the demo's scheduler processes could not")
 
 
 def test_a_demo_whose_submission_fails_says_what_it_wrote(
