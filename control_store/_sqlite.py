@@ -657,7 +657,8 @@ def _check_place(path: str, name: str) -> None:
                 "name a file in a directory"
             )
         raise ConfigurationError(
-            f"cannot open {name}: directory {str(directory)!r} does not exist; create it first "
+            f"cannot open {name}: directory {str(directory)!r} does not exist, so neither does "
+            "the database; check the path, or, for a new database, create the directory first "
             "(the store creates the file, not its directory)"
         )
     if Path(path).is_dir():
