@@ -1054,12 +1054,15 @@ def _note_file(raw: sqlite3.Connection | None, path: str) -> None:
         _FILES[raw] = (os.getpid(), identity)
 
 
-def _held(identity: tuple[int, int], *, here: bool) -> bool:
+def _held(
+    identity: tuple[int, int], *, here: bool, besides: sqlite3.Connection | None = None
+) -> bool:
     """Whether an open store's connection has the file ``identity``: one opened by this process
-    (``here``), or one inherited from the process this one was fork()ed from."""
+    (``here``), or one inherited from the process this one was fork()ed from; ``besides``, a
+    connection not to count (the one whose connect asks)."""
     pid = os.getpid()
     return any(
-        raw in _OPEN and file == identity and (opener == pid) == here
+        raw in _OPEN and raw is not besides and file == identity and (opener == pid) == here
         for raw, (opener, file) in list(_FILES.items())
     )
 
@@ -1387,7 +1390,7 @@ def configure_read_only(
         else:  # any version (migration_status), but not another application's database
             _refuse_foreign_database(conn, database)
     except sqlite3.Error as exc:
-        explained = _explain_unreadable(exc, path=path, database=database)
+        explained = _explain_unreadable(exc, path=path, database=database, conn=conn)
         if explained is None:
             raise
         raise explained from exc
@@ -1458,7 +1461,9 @@ def check_schema(conn: sqlite3.Connection, *, database: str, read_only: bool = T
     )
 
 
-def _explain_unreadable(exc: sqlite3.Error, *, path: str, database: str) -> ControlError | None:
+def _explain_unreadable(
+    exc: sqlite3.Error, *, path: str, database: str, conn: sqlite3.Connection | None = None
+) -> ControlError | None:
     """The StorageError that explains why a ``mode=ro`` connection cannot read ``path``.
 
     Measured on SQLite 3.40.1 (tests/test_read_only.py), for a database in WAL mode opened with
@@ -1469,7 +1474,9 @@ def _explain_unreadable(exc: sqlite3.Error, *, path: str, database: str) -> Cont
     needs neither file. None: ``exc`` is some other failure, translated as usual.
     """
     name = getattr(exc, "sqlite_errorname", "") or ""
-    if not name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")) or not _in_wal_mode(path):
+    if not name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")) or not _in_wal_mode(
+        path, besides=conn
+    ):
         return None
     directory = os.path.dirname(os.path.abspath(path))
     present = [suffix for suffix in ("-wal", "-shm") if os.path.exists(f"{path}{suffix}")]
@@ -1485,14 +1492,14 @@ def _explain_unreadable(exc: sqlite3.Error, *, path: str, database: str) -> Cont
     )
 
 
-def _in_wal_mode(path: str) -> bool:
+def _in_wal_mode(path: str, *, besides: sqlite3.Connection | None = None) -> bool:
     """Whether the file's header says WAL: bytes 18 and 19 (write and read version) are 2.
 
     Never opened while another store of this process has the file open: closing the
     descriptor would drop that store's SQLite locks (see _check_place). Such a store has
     put it in WAL mode."""
     identity = _identity_if_there(path)
-    if identity is not None and _held(identity, here=True):
+    if identity is not None and _held(identity, here=True, besides=besides):
         return True
     try:
         with open(path, "rb") as file:
@@ -2180,8 +2187,8 @@ def _refuse_job_rows(run_id: str, added: int, conn: sqlite3.Connection) -> NoRet
         else "it has all its jobs; put further jobs in a new run"
     )
     raise ConstraintError(
-        f"run {run_id} has job_count {job_count} and {counted(job_rows, 'job')} already; this "
-        f"call would add {added} more; no job of this call was inserted: {fix} (a run's "
+        f"run {run_id} has job_count {job_count:,} and {counted(job_rows, 'job')} already; this "
+        f"call would add {added:,} more; no job of this call was inserted: {fix} (a run's "
         "job_count is fixed when it is inserted)"
     )
 

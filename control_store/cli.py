@@ -1145,7 +1145,8 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
             "; a scheduler stopped on an error a retry may cure: run the demo again on a new "
             f"file, {_fresh_demo_command(path)}"
         )
-    _complain(f"{PROG}: error: demo invariant failed: {failed}{_held_runs(args)}{again}")
+    held = _held_runs(args, those="the runs")
+    _complain(f"{PROG}: error: demo invariant failed: {failed}{held}{again}")
     # A scheduler stopped by what a retry may cure (a lock held past --busy-timeout, a full
     # disk): exit as any command failing so does.
     return EXIT_RETRY if retry else EXIT_FAILURE
@@ -1795,7 +1796,7 @@ def _demo_leftovers(args: argparse.Namespace) -> str:
     return f"its unfinished runs stay in {_shown(args)}{held}, and {refused}"
 
 
-def _held_runs(args: argparse.Namespace) -> str:
+def _held_runs(args: argparse.Namespace, *, those: str = "those") -> str:
     """What became of the runs a stopped or failed demo's schedulers held (see
     _requeue_stranded): " (... queued again)", "" for none, or, where queueing them again
     failed or never finished, "; those its schedulers held stay 'running': ..." with the fix."""
@@ -1814,7 +1815,7 @@ def _held_runs(args: argparse.Namespace) -> str:
     )
     find = _command("runs", "--status", "running", "--all", *_given_url(args))
     return (
-        f"; those its schedulers held stay 'running': {why}; queue them again with the UPDATE "
+        f"; {those} its schedulers held stay 'running': {why}; queue them again with the UPDATE "
         f"of README's recipe for runs a killed scheduler left (find them with {find})"
     )
 

@@ -2160,7 +2160,7 @@ def test_a_failed_fleet_queues_again_the_runs_its_schedulers_held(
     code, _, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
     assert code == 1
     (line,) = err.splitlines()
-    assert "those its schedulers held stay 'running': queueing them again failed" in line
+    assert "; the runs its schedulers held stay 'running': queueing them again failed" in line
     assert "README's recipe for runs a killed scheduler left" in line
     assert f"control-store runs --status running --all --url {path}" in line
     assert _run_statuses(path) == {"queued": 2, "running": 1}

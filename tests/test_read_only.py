@@ -8,6 +8,7 @@ possible.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import sqlite3
@@ -509,3 +510,22 @@ async def test_a_copy_out_of_wal_mode_is_read_in_a_read_only_directory(
         _unlock(directory)
     assert words == ["read", "2", "0"]
     assert sorted(p.name for p in directory.iterdir()) == ["control.db"]
+
+
+async def test_a_rollback_journal_file_is_not_called_wal_when_its_read_fails(
+    db_path: Path,
+) -> None:
+    """A read-only connect whose first read fails (a hot journal mode=ro cannot roll back) on a
+    file in rollback-journal mode is not explained as a WAL file's missing -shm: the connect's
+    own connection, on record from its open, is no other store of this process that put the
+    file in WAL mode."""
+    with contextlib.closing(sqlite3.connect(db_path, isolation_level=None)) as conn:
+        assert conn.execute("PRAGMA journal_mode=DELETE").fetchone() == ("delete",)
+        conn.execute("CREATE TABLE filler(x)")
+        conn.execute("INSERT INTO filler VALUES (randomblob(100000))")
+    journal = Path(f"{db_path}-journal")
+    journal.write_bytes(b"\xd9\xd5\x05\xf9\x20\xa1\x63\xd7" + bytes(4096))  # a hot journal's header
+    assert db_path.read_bytes()[18:20] == b"\x01\x01"
+    with pytest.raises(ControlError) as refused:
+        await Store.connect(db_path, read_only=True)
+    assert "WAL mode" not in str(refused.value), str(refused.value)
