@@ -1038,12 +1038,13 @@ class _Connection(aiosqlite.Connection):
 # included; a child that exits through the interpreter's teardown, rather than os._exit as
 # multiprocessing's do, may still close it then).
 _OPEN: Final[set[sqlite3.Connection]] = set()
+# A token for each connection SQLite is opening on a worker thread right now (see open_it).
+_CONNECTING: Final[set[object]] = set()
 
 # The file (device, inode) each open connection of a store has open, and the process that
-# opened it. POSIX locks belong to a process and a file: closing any descriptor of the file
-# drops all of this process's, and a fork()ed child holds none of its parent's. SQLite keeps
-# one record per file and process of the locks its connections hold, and a child inherits its
-# parent's: a connection the child opens on a file its parent had open takes none of its own.
+# opened it (a fork()ed child's copy is its parent's). POSIX locks belong to a process and a
+# file: closing any descriptor of the file drops all of this process's SQLite's locks on it,
+# so the library never opens such a file itself (see _in_wal_mode).
 _FILES: Final[dict[sqlite3.Connection, tuple[int, tuple[int, int]]]] = {}
 
 
@@ -1054,15 +1055,12 @@ def _note_file(raw: sqlite3.Connection | None, path: str) -> None:
         _FILES[raw] = (os.getpid(), identity)
 
 
-def _held(
-    identity: tuple[int, int], *, here: bool, besides: sqlite3.Connection | None = None
-) -> bool:
-    """Whether an open store's connection has the file ``identity``: one opened by this process
-    (``here``), or one inherited from the process this one was fork()ed from; ``besides``, a
-    connection not to count (the one whose connect asks)."""
+def _held(identity: tuple[int, int], *, besides: sqlite3.Connection | None = None) -> bool:
+    """Whether a store's connection this process opened has the file ``identity`` open;
+    ``besides``, a connection not to count (the one whose connect asks)."""
     pid = os.getpid()
     return any(
-        raw in _OPEN and raw is not besides and file == identity and (opener == pid) == here
+        raw in _OPEN and raw is not besides and file == identity and opener == pid
         for raw, (opener, file) in list(_FILES.items())
     )
 
@@ -1100,9 +1098,14 @@ def open_on_worker(
     made: list[sqlite3.Connection] = []
 
     def open_it() -> sqlite3.Connection:
-        raw = open_file()
-        _OPEN.add(raw)
-        if path is not None:  # at once: a fork() while the connect goes on is refused too
+        token = object()
+        _CONNECTING.add(token)  # a fork() while SQLite opens the file is refused too
+        try:
+            raw = open_file()
+            _OPEN.add(raw)
+        finally:
+            _CONNECTING.discard(token)
+        if path is not None:
             _note_file(raw, path)
         made.append(raw)
         return raw
@@ -1499,7 +1502,7 @@ def _in_wal_mode(path: str, *, besides: sqlite3.Connection | None = None) -> boo
     descriptor would drop that store's SQLite locks (see _check_place). Such a store has
     put it in WAL mode."""
     identity = _identity_if_there(path)
-    if identity is not None and _held(identity, here=True, besides=besides):
+    if identity is not None and _held(identity, besides=besides):
         return True
     try:
         with open(path, "rb") as file:
@@ -3174,9 +3177,18 @@ class _Process:
     whether it runs in the process that opened its store without a system call."""
 
     pid = os.getpid()
+    # The process this one was forked from (directly or through its parents) while that one
+    # had a store's connection open or opening; None: none. This copy of SQLite is that
+    # process's, as it was at the fork: its record of file locks that this process does not
+    # hold (a store connected here to the same file would hold none, and its writes were lost
+    # when the other process's store closed), and mutexes another thread held then, which no
+    # thread here will release (a connect here, to any file or to memory, hung; measured).
+    forked_from: int | None = None
 
     @classmethod
     def forked(cls) -> None:
+        if cls.forked_from is None and (_OPEN or _CONNECTING):
+            cls.forked_from = cls.pid
         cls.pid = os.getpid()
 
 
@@ -3229,15 +3241,16 @@ class SqliteBackend:
     async def open(cls, url: str | os.PathLike[str], options: Options) -> SqliteBackend:
         require_sqlite()
         path = parse_url(url)
-        identity = _identity_if_there(path) if path != MEMORY else None
-        if identity is not None and _held(identity, here=False):
+        if _Process.forked_from is not None:  # see _Process.forked_from
+            shown = "the in-memory database" if path == MEMORY else database_name(url, path)
             raise ConfigurationError(
-                f"cannot open {database_name(url, path)} in process {os.getpid()}: it was "
-                "forked from a process that has a store open on that file, and SQLite's locks "
-                "are not inherited across fork(), so a store opened here would hold none (the "
-                "parent's close would then delete the -wal under it, losing its writes); start "
-                "this process with multiprocessing's 'spawn' or 'forkserver' method, or close "
-                "the parent's store before forking"
+                f"cannot open {shown} in process {_Process.pid}: it was forked (directly or "
+                f"through its parents) from process {_Process.forked_from} while that process "
+                "had a store open, and SQLite does not survive fork(): its locks are not "
+                "inherited (a store here on the same file would hold none, and lose its "
+                "writes), and a mutex another thread held at the fork stays held (a connect "
+                "here may hang); nothing was opened: start this process with multiprocessing's "
+                "'spawn' or 'forkserver' method, or close every store before forking"
             )
         database = (
             "the in-memory database" if path == MEMORY else f"database {database_name(url, path)}"
@@ -3546,10 +3559,9 @@ class SqliteBackend:
                 f"this store on {self._database} was opened by process {self._pid}, and "
                 f"process {_Process.pid} is a fork of it: the store's connection thread does "
                 "not exist here, and an SQLite connection must not be used across fork(); "
-                f"nothing was done: connect a new Store in process {_Process.pid} (on a file "
-                "database, only in a child started by multiprocessing's 'spawn' or "
-                "'forkserver' method, or forked after the parent closed its store: SQLite's "
-                "locks do not survive fork())"
+                "nothing was done: use stores in a process started by multiprocessing's "
+                "'spawn' or 'forkserver' method, or forked while no store was open (SQLite "
+                "does not survive fork(): a store connected here would be refused too)"
             )
         if asyncio.get_running_loop() is not self._loop:
             if self._loop.is_closed():
