@@ -716,10 +716,9 @@ def _check_new_file(path: str, name: str) -> None:
     # running store's only copy of its writes since the last checkpoint) and shares the -shm
     # with the running store, whose reads then go wrong without an error (measured).
     left = [suffix for suffix in ("-wal", "-shm") if os.path.lexists(f"{target}{suffix}")]
-    if left and (os.path.exists(path) or _stale_sidecars(str(target))):
-        left = []  # created meanwhile by another process's connect; or what a closed
-        # read-only store leaves (an empty -wal, a -shm no process uses): nothing at stake
-    if left:
+    # Not refused: a file another process's connect created meanwhile, or what a closed
+    # read-only store leaves (an empty -wal, a -shm no process uses), which holds nothing.
+    if left and not os.path.exists(path) and not _stale_sidecars(str(target)):
         files = " and ".join(repr(f"{target}{suffix}") for suffix in left)
         raise ConfigurationError(
             f"cannot open {name}: no database file is there, but {files} "
@@ -747,7 +746,7 @@ def _stale_sidecars(target: str) -> bool:
     """Whether ``target``'s -wal is empty (or absent) and its -shm (if any) is locked by no
     process: SQLite, making a new file there, then loses nothing and shares nothing. Asked of
     /proc/locks, never by opening the -shm (closing it would drop this process's locks);
-    False where that cannot be told (no /proc, or this process may have the -shm open)."""
+    False where that cannot be told (no /proc/locks, or a file that cannot be looked at)."""
     try:
         if os.path.lexists(f"{target}-wal") and os.stat(f"{target}-wal").st_size:
             return False
@@ -1041,28 +1040,18 @@ _OPEN: Final[set[sqlite3.Connection]] = set()
 # A token for each connection SQLite is opening on a worker thread right now (see open_it).
 _CONNECTING: Final[set[object]] = set()
 
-# The file (device, inode) each open connection of a store has open, and the process that
-# opened it (a fork()ed child's copy is its parent's). POSIX locks belong to a process and a
-# file: closing any descriptor of the file drops all of this process's SQLite's locks on it,
-# so the library never opens such a file itself (see _in_wal_mode).
-_FILES: Final[dict[sqlite3.Connection, tuple[int, tuple[int, int]]]] = {}
-
-
-def _note_file(raw: sqlite3.Connection | None, path: str) -> None:
-    """Record that ``raw`` (a store's connection, configured) has the file at ``path`` open."""
-    identity = _identity_if_there(path)
-    if raw is not None and identity is not None:
-        _FILES[raw] = (os.getpid(), identity)
+# The file (device, inode) each open connection of a store has open, from its open to its
+# close (_close_quietly). POSIX locks belong to a process and a file: closing any descriptor
+# of the file drops all of this process's SQLite's locks on it, so the library never opens
+# such a file itself (see _in_wal_mode). A fork()ed child's copy names its parent's
+# connections, but a child forked while any was open connects no store (_Process.forked_from).
+_FILES: Final[dict[sqlite3.Connection, tuple[int, int]]] = {}
 
 
 def _held(identity: tuple[int, int], *, besides: sqlite3.Connection | None = None) -> bool:
-    """Whether a store's connection this process opened has the file ``identity`` open;
-    ``besides``, a connection not to count (the one whose connect asks)."""
-    pid = os.getpid()
-    return any(
-        raw in _OPEN and raw is not besides and file == identity and opener == pid
-        for raw, (opener, file) in list(_FILES.items())
-    )
+    """Whether a store's connection has the file ``identity`` open; ``besides``, a connection
+    not to count (the one whose connect asks)."""
+    return any(file == identity and raw is not besides for raw, file in list(_FILES.items()))
 
 
 class Opening(NamedTuple):
@@ -1105,8 +1094,9 @@ def open_on_worker(
             _OPEN.add(raw)
         finally:
             _CONNECTING.discard(token)
-        if path is not None:
-            _note_file(raw, path)
+        identity = None if path is None else _identity_if_there(path)
+        if identity is not None:
+            _FILES[raw] = identity
         made.append(raw)
         return raw
 
@@ -1144,8 +1134,8 @@ def _close_quietly(raw: sqlite3.Connection) -> None:
     that failed (sqlite3_close_v2, which Python calls, defers rather than fails)."""
     with contextlib.suppress(Exception):
         raw.close()
-    _OPEN.discard(raw)
     _FILES.pop(raw, None)
+    _OPEN.discard(raw)
 
 
 def stop_worker(conn: aiosqlite.Connection, *, closed: asyncio.Future[None] | None = None) -> None:
@@ -3269,7 +3259,6 @@ class SqliteBackend:
                     worker = backend._worker
                     worker.path, worker.identity, worker.wal_base = _locate(path)
                     worker.refuse_replaced_wal_files()  # sees them first
-                    _note_file(backend._conn._connection, path)
                 except OSError as exc:  # the file went away (or out of reach) meanwhile
                     raise _unreachable(database_name(url, path), exc) from exc
             else:
@@ -3346,7 +3335,6 @@ class SqliteBackend:
             await backend.read(
                 partial(configure_read_only, path=path, database=database, options=options)
             )
-            _note_file(backend._conn._connection, path)
         except BaseException as exc:
             await backend.give_up(exc)
             raise
