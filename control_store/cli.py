@@ -1145,7 +1145,8 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
             "; a scheduler stopped on an error a retry may cure: run the demo again on a new "
             f"file, {_fresh_demo_command(path)}"
         )
-    held = _held_runs(args, those="the runs")
+    requeued = _requeued(args)
+    held = requeued if requeued is not None else f"; {_still_running(args, 'the runs')}"
     _complain(f"{PROG}: error: demo invariant failed: {failed}{held}{again}")
     # A scheduler stopped by what a retry may cure (a lock held past --busy-timeout, a full
     # disk): exit as any command failing so does.
@@ -1790,23 +1791,33 @@ def _demo_leftovers(args: argparse.Namespace) -> str:
         return f"its runs had all finished in {_shown(args)}"
     # The runs its stopped schedulers held were queued again (see _requeue_stranded), so a
     # run not done is queued: the next demo refuses the file while one is.
-    held = _held_runs(args)
-    if held.startswith(";"):
-        return f"its unfinished runs stay in {_shown(args)}, and{held[1:]}; {refused}"
-    return f"its unfinished runs stay in {_shown(args)}{held}, and {refused}"
+    requeued = _requeued(args)
+    if requeued is None:
+        return (
+            f"its unfinished runs stay in {_shown(args)}, and {_still_running(args, 'those')}; "
+            f"{refused}"
+        )
+    return f"its unfinished runs stay in {_shown(args)}{requeued}, and {refused}"
 
 
-def _held_runs(args: argparse.Namespace, *, those: str = "those") -> str:
-    """What became of the runs a stopped or failed demo's schedulers held (see
-    _requeue_stranded): " (... queued again)", "" for none, or, where queueing them again
-    failed or never finished, "; those its schedulers held stay 'running': ..." with the fix."""
+def _requeued(args: argparse.Namespace) -> str | None:
+    """How many runs a stopped or failed demo's schedulers held were queued again (see
+    _requeue_stranded), as a note: " (... queued again)", "" for none; None where queueing
+    them again failed or never finished (_still_running says so)."""
     requeued: int | ControlError | None = getattr(args, "demo_requeued", None)
-    if isinstance(requeued, int):
-        if not requeued:
-            return ""
-        if requeued == 1:
-            return " (the run its schedulers held was queued again)"
-        return f" (the {requeued:,} runs its schedulers held were queued again)"
+    if not isinstance(requeued, int):
+        return None
+    if not requeued:
+        return ""
+    if requeued == 1:
+        return " (the run its schedulers held was queued again)"
+    return f" (the {requeued:,} runs its schedulers held were queued again)"
+
+
+def _still_running(args: argparse.Namespace, those: str) -> str:
+    """``those`` runs (as the sentence names them) a demo's schedulers held stay 'running':
+    why (queueing them again failed, or never finished), and how to queue them by hand."""
+    requeued: int | ControlError | None = getattr(args, "demo_requeued", None)
     # Failed, or never done (stopped at once while it waited for another process's lock).
     why = (
         "queueing them again did not finish"
@@ -1815,7 +1826,7 @@ def _held_runs(args: argparse.Namespace, *, those: str = "those") -> str:
     )
     find = _command("runs", "--status", "running", "--all", *_given_url(args))
     return (
-        f"; {those} its schedulers held stay 'running': {why}; queue them again with the UPDATE "
+        f"{those} its schedulers held stay 'running': {why}; queue them again with the UPDATE "
         f"of README's recipe for runs a killed scheduler left (find them with {find})"
     )
 
