@@ -820,8 +820,20 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
                 "no sql is a UNIQUE constraint of the table's own definition, which only "
                 "remaking the table as this release makes it removes), or write another value"
             )
+        elif name == "SQLITE_CONSTRAINT_CHECK":
+            # This release's tables have none (check() does not report a user's, as it does not
+            # a trigger): one a table was rebuilt with refused a value the store writes.
+            error = ConstraintError(
+                f"{database} refused the write: a CHECK constraint this store's schema does not "
+                f"make refused a value of it [{detail}]; nothing of this call was written: write "
+                "a value it admits, or remake the table without it (SELECT name, sql FROM "
+                "sqlite_schema WHERE sql LIKE '%CHECK%' shows it; SQLite's procedure for table "
+                "changes: https://sqlite.org/lang_altertable.html#otheralter)"
+            )
         elif name.startswith("SQLITE_CONSTRAINT"):
-            error = ConstraintError(f"{database} refused the write [{detail}]")
+            error = ConstraintError(
+                f"{database} refused the write [{detail}]; nothing of this call was written"
+            )
         elif name == "SQLITE_FULL":
             error = StorageError(
                 f"{database} is full: the disk or the database's page limit is reached "
@@ -2410,6 +2422,7 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
     # only columns are. Any other index of such a table is checked as ever.
     remade: set[str] = set()
     damaged: dict[str, set[object]] = {}
+    collated: dict[str, set[object]] = {}  # columns made with another collation
 
     def report(message: str) -> None:
         found("database", "", message)
@@ -2427,7 +2440,10 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
     for part in _expected_schema():
         kind, table = have.get(part.name, (None, None))
         if part.kind == "index":
-            if part.table in remade or damaged.get(part.table, set()) & set(part.column_names):
+            if part.table in remade or (
+                (damaged.get(part.table, set()) | collated.get(part.table, set()))
+                & set(part.column_names)
+            ):
                 continue  # repaired with its table, or with its column
             shape = (part.columns, part.keys, part.flags)
             if (
@@ -2497,10 +2513,7 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
             report(
                 f"table {part.name} is made {' and '.join(options) or 'without options'}, not "
                 f"as this release made it ({' and '.join(made) or 'with no table options'}): a "
-                "table rebuilt by hand; restore the database from a backup (without one, make "
-                f"it again as this release does, {part.sql}, under another name, copy its rows "
-                "over and swap the two, as SQLite's procedure for other table changes does: "
-                "https://sqlite.org/lang_altertable.html#otheralter)"
+                f"table rebuilt by hand; {_rebuild(part)}"
             )
             continue
         clauses = _CONFLICT_CLAUSE.findall(_code_of(definitions.get(part.name, "")))
@@ -2513,11 +2526,28 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
             report(
                 f"table {part.name} is made with {', '.join(made)}, "
                 "which this release's table has not (a table rebuilt by hand): an insert of an "
-                f"id already stored would {effects}, instead of being refused alone; restore "
-                "the database from a backup (without one, make it again "
-                f"as this release does, {part.sql}, under another name, copy its rows over and "
-                "swap the two, as SQLite's procedure for other table changes does: "
-                "https://sqlite.org/lang_altertable.html#otheralter)"
+                f"id already stored would {effects}, instead of being refused alone; "
+                f"{_rebuild(part)}"
+            )
+        declared = _collations(definitions.get(part.name, ""))
+        for name, collation in _collations(part.sql).items():
+            if declared.get(name, collation) == collation:
+                continue  # as made, or a column gone, which the column checks below report
+            # The column's indexes take its collation: remade as this release makes them they
+            # would take it again, so they are not reported apart (the rebuild remakes them).
+            collated.setdefault(part.name, set()).add(name)
+            keying = [
+                i.name
+                for i in _expected_schema()
+                if i.kind == "index" and i.table == part.name and name in i.column_names
+            ]
+            keyed = f" ({', '.join(keying)})" if keying else ""
+            report(
+                f"column {part.name}.{name} is made COLLATE {declared[name]}, not "
+                f"{collation} as this release made it (a table rebuilt by hand): SQLite "
+                "compares and orders its values by that collation, in the store's queries and "
+                f"in the indexes keying it{keyed}, where "
+                f"they expect {collation}'s; {_rebuild(part)}"
             )
         columns, keys, _ = _shape(conn, "table", part.name, part.name)
         by_name = {column[0]: column for column in columns}
@@ -2602,6 +2632,61 @@ def _code_of(sql: str) -> str:
     """``sql`` without its string literals, quoted names and comments: the words left are
     keywords and bare names."""
     return _NOT_CODE.sub(" ", sql)
+
+
+def _rebuild(part: _Part) -> str:
+    """The repair of a table rebuilt by hand in a way no ALTER TABLE undoes."""
+    return (
+        "restore the database from a backup (without one, make it again as this release does, "
+        f"{part.sql}, under another name, copy its rows over and swap the two, as SQLite's "
+        "procedure for other table changes does: "
+        "https://sqlite.org/lang_altertable.html#otheralter)"
+    )
+
+
+# A CREATE TABLE's tokens: strings, quoted names, comments, words, one character of the rest.
+_TOKEN: Final = re.compile(
+    r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`(?:[^`]|``)*`|\[[^\]]*\]|--[^\n]*|/\*.*?(?:\*/|\Z)"
+    r"|\w+|\S",
+    re.S,
+)
+# The words that begin a table constraint, where a column definition begins with its name.
+_TABLE_CONSTRAINT: Final = frozenset({"CONSTRAINT", "PRIMARY", "UNIQUE", "CHECK", "FOREIGN"})
+
+
+def _name(token: str) -> str:
+    """A name as SQLite reads it, quoted ("x", `x`, [x]) or bare, in lower case."""
+    if token[:1] in '"`':
+        return token[1:-1].replace(token[0] * 2, token[0]).lower()
+    if token[:1] == "[":
+        return token[1:-1].lower()
+    return token.lower()
+
+
+def _collations(sql: str) -> dict[str, str]:
+    """Each column's collation as the CREATE TABLE ``sql`` declares it, by the column's name
+    in lower case: the name after a COLLATE among the column's own constraints (upper case),
+    BINARY (SQLite's default) where there is none. pragma_table_info does not show it."""
+    collations: dict[str, str] = {}
+    item: list[str] = []  # the column definition or table constraint read so far, depth 1 only
+    depth = 0
+    for piece in _TOKEN.findall(sql):
+        if piece.startswith(("--", "/*")):
+            continue
+        if piece == ")":
+            depth -= 1
+        if depth == 1 and piece in (",", ")"):
+            if item and item[0].upper() not in _TABLE_CONSTRAINT:
+                after = [i + 1 for i, word in enumerate(item[:-1]) if word.upper() == "COLLATE"]
+                collations[_name(item[0])] = _name(item[after[-1]]).upper() if after else "BINARY"
+            item = []
+        elif depth == 1:
+            item.append(piece)
+        if piece == "(":
+            depth += 1
+        if depth == 0 and piece == ")":
+            break
+    return collations
 
 
 # A CREATE TABLE's table options, after its closing parenthesis.

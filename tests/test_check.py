@@ -279,6 +279,63 @@ async def test_a_primary_key_rebuilt_with_a_conflict_clause_is_named(
     assert quiet == []
 
 
+async def test_a_column_rebuilt_with_another_collation_is_named_not_its_index(
+    db_path: Path,
+) -> None:
+    """jobs rebuilt by hand with run_id COLLATE NOCASE, which pragma_table_info does not show:
+    check() names the column, its collation and the index keying it, whose repair is the
+    table's. It used to report only idx_jobs_run, whose DROP and CREATE made it again with the
+    column's collation, the same finding after each repair. COLLATE in a comment, a string or
+    a CHECK's expression, or an explicit BINARY, is no finding."""
+    messages = await _jobs_rebuilt(
+        db_path,
+        lambda sql: sql.replace(
+            "run_id   TEXT    NOT NULL", 'run_id TEXT NOT NULL COLLATE "nocase"'
+        ),
+    )
+    assert len(messages) == 1, messages  # the index is not reported apart, the rows are read
+    assert messages[0].startswith(
+        "column jobs.run_id is made COLLATE NOCASE, not BINARY as this release made it"
+    )
+    assert "the indexes keying it (idx_jobs_run)" in messages[0]
+    assert "restore the database from a backup (without one, make it again" in messages[0]
+    quiet = await _jobs_rebuilt(
+        db_path.with_name("quiet.db"),
+        lambda sql: sql.replace(
+            "spec     TEXT    NOT NULL",
+            "spec TEXT NOT NULL COLLATE Binary -- collate nocase\n CHECK (spec COLLATE rtrim"
+            " != 'collate nocase') /* COLLATE NOCASE */",
+        ),
+    )
+    assert quiet == []
+
+
+async def test_a_write_refused_by_a_check_constraint_of_the_users_says_so(db_path: Path) -> None:
+    """A CHECK constraint a table was rebuilt with is the user's own, as a trigger is: no
+    finding. A write it refuses is a ConstraintError naming it, saying nothing was written,
+    where to see it and how to write past it; it used to give SQLite's words alone."""
+    run = make_run(job_count=1)
+    messages = await _jobs_rebuilt(
+        db_path,
+        lambda sql: sql.replace(
+            "spec     TEXT    NOT NULL",
+            f"spec TEXT NOT NULL CONSTRAINT not_that_run CHECK (run_id != '{run.id}')",
+        ),
+    )
+    assert messages == []
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+        (job,) = make_jobs(run)
+        with pytest.raises(ConstraintError) as caught:
+            await store.insert_jobs([job])
+        assert await store.list_jobs(run.id) == []
+    message = str(caught.value)
+    assert "refused the write: a CHECK constraint this store's schema does not make" in message
+    assert "CHECK constraint failed: not_that_run" in message
+    assert "nothing of this call was written" in message
+    assert "SELECT name, sql FROM sqlite_schema WHERE sql LIKE '%CHECK%'" in message
+
+
 async def test_a_write_refused_by_a_unique_index_of_the_users_is_no_already_exists(
     store: Store,
 ) -> None:
