@@ -458,10 +458,23 @@ def _require_file(path: str, database: str) -> None:
     """
     if not os.path.exists(path):
         raise ConfigurationError(
-            f"cannot open {database} read-only: no such file (read_only=True never creates "
-            "one); check the path, or create and migrate the database by connecting without "
-            "read_only"
+            f"cannot open {database} read-only: no such file{missing_because(path)} "
+            "(read_only=True never creates one); check the path, or create and migrate the "
+            "database by connecting without read_only"
         )
+
+
+def missing_because(path: str) -> str:
+    """Why there is no file at ``path``, where more can be said than that, as a clause to put
+    after "no such file": a directory on the way missing, or a symlink whose target is."""
+    if os.path.islink(path):
+        return f": it is a symlink to {os.path.realpath(path)!r}, which does not exist"
+    directory = Path(path).parent
+    if directory.exists():
+        return ""
+    while not directory.parent.exists() and directory != directory.parent:
+        directory = directory.parent  # the first directory on the way that is missing
+    return f": directory {str(directory)!r} does not exist"
 
 
 def read_only_uri(path: str) -> str:
@@ -497,7 +510,9 @@ def require_sqlite() -> None:
         )
 
 
-def parse_url(url: str | os.PathLike[str], *, fixes: UrlFixes = LIBRARY_FIXES) -> str:
+def parse_url(
+    url: str | os.PathLike[str], *, fixes: UrlFixes = LIBRARY_FIXES, creates: bool = True
+) -> str:
     """The SQLite file path (or ``:memory:``) that ``url`` names, as sqlx reads it.
 
     ``sqlite::memory:``, ``sqlite://relative/path.db``, ``sqlite:///absolute/path.db``,
@@ -507,6 +522,8 @@ def parse_url(url: str | os.PathLike[str], *, fixes: UrlFixes = LIBRARY_FIXES) -
     ``:memory:`` that way too, so a plain path ``:memory:`` (or ``sqlite://:memory:``, which
     names a file everywhere else) would silently give a store that keeps nothing; it is refused,
     with both fixes. ``fixes``: the words of the fixes a refusal gives (see UrlFixes).
+    ``creates``: False for a read-only open, which never creates the file: a path where none is
+    (its directory missing, a dangling symlink) is then left to the caller's "no such file".
     """
     if isinstance(url, os.PathLike):
         try:
@@ -589,7 +606,7 @@ def parse_url(url: str | os.PathLike[str], *, fixes: UrlFixes = LIBRARY_FIXES) -
         path = os.path.join(os.curdir, path)
     name = database_name(url, path)
     try:
-        _check_place(path, name)
+        _check_place(path, name, creates=creates)
     except OSError as exc:  # the path cannot even be looked at: too long, not searchable
         raise _unreachable(name, exc) from exc
     return path
@@ -646,11 +663,13 @@ def _unreachable(name: str, exc: OSError) -> ControlError:
     return error
 
 
-def _check_place(path: str, name: str) -> None:
+def _check_place(path: str, name: str, *, creates: bool) -> None:
     """Refuse a path whose directory is missing or not a directory, or that is a directory;
-    ``name`` is the path as messages give it (see database_name)."""
+    ``name`` is the path as messages give it (see database_name); ``creates``: see parse_url."""
     directory = Path(path).parent
     if not directory.is_dir():
+        if not creates and not directory.exists():
+            return  # no such file: the caller says so, without a word of creating one
         if directory.exists():
             raise ConfigurationError(
                 f"cannot open {name}: {str(directory)!r} is a file, not a directory; "
@@ -666,7 +685,8 @@ def _check_place(path: str, name: str) -> None:
     try:
         mode = os.stat(path).st_mode  # through a symlink, as SQLite opens it
     except FileNotFoundError:  # none yet (or a dangling symlink): SQLite creates it
-        _check_new_file(path, name)
+        if creates:
+            _check_new_file(path, name)
         return
     if not stat.S_ISREG(mode):
         # SQLite would open it all the same: a FIFO blocks the open until a writer comes, and
@@ -3315,7 +3335,7 @@ class SqliteBackend:
     @classmethod
     async def open(cls, url: str | os.PathLike[str], options: Options) -> SqliteBackend:
         require_sqlite()
-        path = parse_url(url)
+        path = parse_url(url, creates=not options.read_only)
         if _Process.forked_from is not None:  # see _Process.forked_from
             shown = "the in-memory database" if path == MEMORY else database_name(url, path)
             raise ConfigurationError(

@@ -525,17 +525,19 @@ _URL_FIXES: Final = _sqlite.UrlFixes(
 )
 
 
-def _parsed(url: str) -> str:
-    """The path ``url`` names; a bad URL is a ConfigurationError whose fix is a command's."""
-    return _sqlite.parse_url(url, fixes=_URL_FIXES)
+def _parsed(url: str, *, creates: bool = True) -> str:
+    """The path ``url`` names; a bad URL is a ConfigurationError whose fix is a command's.
+    ``creates``: see parse_url."""
+    return _sqlite.parse_url(url, fixes=_URL_FIXES, creates=creates)
 
 
 def _database_path(url: str, *, create_hint: str) -> str:
     """The file ``url`` names, which must exist: a command that only reads never creates one."""
-    path = _parsed(url)
+    path = _parsed(url, creates=False)
     if path != _sqlite.MEMORY and not Path(path).exists():
         raise Failure(
-            f"no database at {path!r} (URL {_sqlite.redact(url)!r}); check --url or "
+            f"no database at {path!r} (URL {_sqlite.redact(url)!r})"
+            f"{_sqlite.missing_because(path)}; check --url or "
             f"${URL_ENV}, or {create_hint}"
         )
     return path

@@ -979,6 +979,12 @@ def _emptied_history(path: Path) -> str:
     return str(path)
 
 
+def _dangling_link(path: Path) -> str:
+    link = path.parent / "link.db"
+    link.symlink_to(path.parent / "nowhere" / "x.db")
+    return str(link)
+
+
 def _newer_schema(path: Path) -> str:
     with contextlib.closing(sqlite3.connect(path)) as conn, conn:
         conn.execute(
@@ -992,7 +998,16 @@ def _newer_schema(path: Path) -> str:
     [
         (["runs"], lambda p: str(p.parent / "missing.db"), ["no database at", "migrate"]),
         (["runs"], lambda p: "mysql://host/db", ["unknown scheme 'mysql'", "sqlite://"]),
-        (["check"], lambda p: str(p.parent / "nodir" / "x.db"), ["does not exist"]),
+        (
+            ["check"],
+            lambda p: str(p.parent / "nodir" / "x.db"),
+            ["no database at", f": directory '{{dir}}{os.sep}nodir' does not exist; check --url"],
+        ),
+        (
+            ["runs"],
+            _dangling_link,
+            ["no database at", ": it is a symlink to '{dir}", "which does not exist; check --url"],
+        ),
         (["runs"], _garbage, ["not a SQLite database"]),
         (["check"], _garbage, ["not a SQLite database"]),
         (["runs"], _unmigrated, ["holds no control_store schema", "control-store migrate"]),
@@ -1021,6 +1036,7 @@ def _newer_schema(path: Path) -> str:
         "missing-file",
         "bad-scheme",
         "missing-directory",
+        "dangling-link",
         "not-a-database",
         "check-not-a-database",
         "unmigrated",
@@ -1044,6 +1060,7 @@ def test_expected_failures_are_one_line_and_exit_1(
     """A bad URL, a missing, foreign, unmigrated or corrupt database: one clear line, exit 1."""
     url = make(db_path)
     before = _databases(db_path.parent)
+    fragments = [fragment.replace("{dir}", str(db_path.parent)) for fragment in fragments]
     assert_one_line_error(run_cli(capsys, *argv, "--url", url), *fragments)
     assert _databases(db_path.parent) == before  # no command created a database file
 

@@ -274,15 +274,19 @@ async def test_a_file_name_with_a_colon_is_told_how_to_pass_it(
 
 
 async def test_missing_directory_is_refused(tmp_path: Path) -> None:
-    """A path in a directory that does not exist is refused, naming the directory; the same
-    words serve a read-only connect, which creates nothing (it was told to create the
-    directory so that the store could create the file)."""
-    for read_only in (False, True):
-        with pytest.raises(ConfigurationError) as refused:
-            await Store.connect(tmp_path / "nope" / "control.db", read_only=read_only)
-        message = str(refused.value)
-        assert f"directory '{tmp_path / 'nope'}' does not exist, so neither does the" in message
-        assert "check the path, or, for a new database, create the directory first" in message
+    """A path in a directory that does not exist is refused, naming the directory. A
+    read-only connect, which creates nothing, is told there is no such file and why, not to
+    create the directory (tests/test_read_only.py has the other paths where no file can be)."""
+    with pytest.raises(ConfigurationError) as refused:
+        await Store.connect(tmp_path / "nope" / "control.db")
+    message = str(refused.value)
+    assert f"directory '{tmp_path / 'nope'}' does not exist, so neither does the" in message
+    assert "check the path, or, for a new database, create the directory first" in message
+    with pytest.raises(ConfigurationError) as refused:
+        await Store.connect(tmp_path / "nope" / "control.db", read_only=True)
+    message = str(refused.value)
+    assert f"no such file: directory '{tmp_path / 'nope'}' does not exist (read_only" in message
+    assert "create the directory" not in message
     assert not (tmp_path / "nope").exists()
 
 

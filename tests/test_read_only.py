@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import shutil
 import sqlite3
 import stat
@@ -246,6 +247,29 @@ async def test_a_missing_file_is_refused_and_not_created(tmp_path: Path) -> None
     with pytest.raises(ConfigurationError, match=r"missing\.db.*no such file.*never creates"):
         await Store.connect(path, read_only=True)
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_path_with_no_file_says_why_and_never_speaks_of_creating(tmp_path: Path) -> None:
+    """read_only=True where no file can be: a directory on the way missing, a symlink whose
+    target is missing (its directory too), a name too long for a journal. Each is "no such
+    file", naming the missing directory or the link's target, and never the advice of a connect
+    that creates (create the directory, shorten the name); nothing is created."""
+    link = tmp_path / "link.db"
+    link.symlink_to(tmp_path / "nowhere" / "x.db")
+    longest = os.pathconf(tmp_path, "PC_NAME_MAX")
+    for path, why in (
+        (tmp_path / "a" / "b" / "x.db", f": directory '{tmp_path / 'a'}' does not exist ("),
+        (link, f": it is a symlink to '{tmp_path / 'nowhere' / 'x.db'}', which does not exist ("),
+        (tmp_path / ("b" * (longest - 1)), " (read_only=True never creates one)"),
+    ):
+        with pytest.raises(ConfigurationError) as caught:
+            await Store.connect(path, read_only=True)
+        message = str(caught.value)
+        assert f"read-only: no such file{why}" in message, message
+        assert "create it first" not in message
+        assert "create the directory" not in message
+        assert "give the database a name" not in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.db"]
 
 
 async def test_an_empty_file_is_refused_as_unmigrated_and_stays_empty(tmp_path: Path) -> None:
