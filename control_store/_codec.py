@@ -226,6 +226,10 @@ def _status(value: object, kind: type[_S], *, what: str, also: str = "") -> _S:
     """``value`` as a member of ``kind``: a member, or its value ('queued'...). ``also``: an
     alternative the fix offers besides a member."""
     example = f"{kind.__name__}.QUEUED{also}"
+    if is_a(value, str) and not is_a(value, kind):
+        # A str subclass (another StrEnum's member too) by its plain value, as every other text
+        # field takes one: never by its own __eq__ or __hash__, which may raise, or lie.
+        value = str.__str__(value)
     try:
         # The enum lookup takes any value (a non-member is a ValueError); the hint says str.
         return kind(value)  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ whatever a broken ``__repr__`` raises) instead of the ``ControlError`` that expl
 from __future__ import annotations
 
 import math
-from typing import Final, TypeGuard, TypeVar
+from typing import Any, Final, TypeGuard, TypeVar, overload
 
 _T = TypeVar("_T")
 
@@ -22,10 +22,14 @@ _LOG10_2: Final = math.log10(2)
 _REPR_CHARS_SHOWN: Final = 500
 
 
-def is_a(value: object, kind: type[_T]) -> TypeGuard[_T]:
+@overload
+def is_a(value: object, kind: type[_T]) -> TypeGuard[_T]: ...
+@overload
+def is_a(value: object, kind: Any) -> bool: ...  # an abstract class: Iterable, os.PathLike
+def is_a(value: object, kind: Any) -> bool:
     """Whether ``value`` is of ``kind`` by its type, not by isinstance(): isinstance() also
     reads an object's ``__class__``, which an object can set to claim any class (a property
-    returning str), and that class's own methods then fail on it."""
+    returning str), and that class's own methods then fail on it, or make raise."""
     return issubclass(type(value), kind)
 
 
@@ -54,7 +58,9 @@ def _shown(value: object) -> tuple[str, bool]:
         sign = "a negative" if int.__index__(value) < 0 else "an"
         return f"{sign} int of about {digits} digits", False
     try:
-        text = repr(value)
+        # repr() may give a str subclass, whose own methods (len, slicing) may raise: its
+        # plain text, by str's own method.
+        text = str.__str__(repr(value))
     except Exception as exc:  # any failure of a caller's __repr__ is described, not raised
         return f"a {_type_name(value)} whose repr() raised {_type_name(exc)}", False
     if len(text) > _REPR_CHARS_SHOWN:
@@ -75,7 +81,7 @@ def _type_name(value: object) -> str:
 def failure(exc: BaseException) -> str:
     """``"<type name>: <message>"`` of an exception a caller's object raised, safe as shown."""
     try:
-        message = str(exc)
+        message = str.__str__(str(exc))  # plain text, as _shown reads a repr
     except Exception:
         return f"{_type_name(exc)} (whose message could not be read)"
     if len(message) > _REPR_CHARS_SHOWN:

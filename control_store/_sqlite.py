@@ -413,9 +413,10 @@ def parse_options(options: dict[str, object]) -> Options:
     busy_timeout = options.get("busy_timeout", 5.0)
     # A subclass's plain value, compared as that: never its own methods.
     seconds: int | float | None = None
-    if isinstance(busy_timeout, int) and not isinstance(busy_timeout, bool):
+    # By type, never isinstance(), which reads __class__ (an object can fake any class there).
+    if is_a(busy_timeout, int) and not is_a(busy_timeout, bool):
         seconds = int.__index__(busy_timeout)
-    elif isinstance(busy_timeout, float):
+    elif is_a(busy_timeout, float):
         seconds = float.__float__(busy_timeout)
     if seconds is None or not 0 <= seconds <= 86_400:
         raise ConfigurationError(
@@ -424,20 +425,20 @@ def parse_options(options: dict[str, object]) -> Options:
         )
     synchronous = options.get("synchronous", "FULL")
     # A subclass's plain text, upper-cased once: what the check passes is what the PRAGMA gets.
-    level = str.upper(str.__str__(synchronous)) if isinstance(synchronous, str) else None
+    level = str.upper(str.__str__(synchronous)) if is_a(synchronous, str) else None
     if level not in _SYNCHRONOUS:
         raise ConfigurationError(
             f"synchronous={shown(synchronous)} must be one of {list(_SYNCHRONOUS)}; "
             "FULL (the default) survives power loss, NORMAL survives a process crash"
         )
     read_only = options.get("read_only", False)
-    if not isinstance(read_only, bool):
+    if not is_a(read_only, bool):
         raise ConfigurationError(
             f"read_only={shown(read_only)} must be True or False; True opens an existing database "
             "for reading only (no writes, no migrations, the file left as it is)"
         )
     migrate = options.get("migrate", not read_only)
-    if not isinstance(migrate, bool):
+    if not is_a(migrate, bool):
         raise ConfigurationError(
             f"migrate={shown(migrate)} must be True or False; True (the default) applies pending "
             "migrations at connect, False leaves them for 'await store.migrate()'"
@@ -525,7 +526,7 @@ def parse_url(
     ``creates``: False for a read-only open, which never creates the file: a path where none is
     (its directory missing, a dangling symlink) is then left to the caller's "no such file".
     """
-    if isinstance(url, os.PathLike):
+    if is_a(url, os.PathLike):  # by type: isinstance() reads a __class__ that may lie or raise
         try:
             path = os.fspath(url)
         except Exception as exc:  # the caller's __fspath__ failed
@@ -533,13 +534,13 @@ def parse_url(
                 f"path {shown(url)} cannot be read: os.fspath() of it raised {failure(exc)}; "
                 "pass the path as a str or a pathlib.Path"
             ) from exc
-        if not isinstance(path, str):
+        if not is_a(path, str):
             raise ConfigurationError(
                 f"path {shown(url)} gives {type(path).__name__}, not str; pass a str path, "
                 "e.g. os.fsdecode() of it"
             )
         path = str.__str__(path)  # a subclass's plain text: never its own methods
-    elif isinstance(url, str):
+    elif is_a(url, str):
         url = str.__str__(url)  # a subclass's plain text: never its own methods
         scheme = url_scheme(url)
         if scheme is None:
@@ -600,6 +601,15 @@ def parse_url(
             f"the database path {path!r} holds a NUL character, which no file name can; "
             "check where the path was built"
         )
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError as exc:  # a lone surrogate that no byte decodes as
+        raise ConfigurationError(
+            f"the database path {path!r} cannot be a file name here: the file system encoding "
+            f"({exc.encoding}) cannot encode {path[exc.start : exc.end]!r} at position "
+            f"{exc.start}; check where the path was built (os.fsdecode() of a name read from "
+            "the file system always encodes back)"
+        ) from exc
     if path.startswith("file:"):
         # SQLite (built with SQLITE_USE_URI, as most are) reads a name starting with "file:" as
         # a URI and opens another file ("file:x.db" is "x.db"); "./file:x.db" is just a name.
@@ -617,7 +627,7 @@ def database_name(url: str | os.PathLike[str], path: str) -> str:
     the URL's %XX escapes were decoded, that URL too (the user typed the URL, and may not
     know it names another spelling)."""
     if (
-        not isinstance(url, str)
+        not is_a(url, str)
         or url_scheme(url) != "sqlite"
         or path == _typed_path(url[len("sqlite:") :])
     ):
@@ -635,7 +645,7 @@ def _not_a_url(url: object) -> ConfigurationError:
     """The error for a ``url`` that is neither a str nor an os.PathLike."""
     fix = (
         "decode it first: os.fsdecode(...) of it"
-        if isinstance(url, bytes | bytearray)
+        if is_a(url, bytes) or is_a(url, bytearray)
         else "pass a sqlite:// URL string, or a path as a str or a pathlib.Path"
     )
     return ConfigurationError(f"expected a URL string or a path, got {typed(url)}; {fix}")
@@ -1977,7 +1987,7 @@ def insert_jobs_op(jobs: Iterable[Job]) -> Op[int]:
     """The op inserting ``jobs``: a RunsOnce unless they can be read again (_replayable)."""
     if _replayable(jobs):
         return partial(op_insert_jobs, jobs)
-    return RunsOnce(jobs, type(jobs).__name__, one_shot=isinstance(jobs, Iterator))
+    return RunsOnce(jobs, type(jobs).__name__, one_shot=is_a(jobs, Iterator))
 
 
 def insert_run_with_jobs_op(params: RunParams, jobs: Iterable[Job]) -> Op[int]:
@@ -1986,7 +1996,7 @@ def insert_run_with_jobs_op(params: RunParams, jobs: Iterable[Job]) -> Op[int]:
     if _replayable(jobs):
         return partial(op_insert_run_with_jobs, params, jobs)
     kind = type(jobs).__name__
-    return RunsOnce(jobs, kind, one_shot=isinstance(jobs, Iterator), run=params)
+    return RunsOnce(jobs, kind, one_shot=is_a(jobs, Iterator), run=params)
 
 
 def op_insert_run_with_jobs(
@@ -2082,17 +2092,19 @@ def _job_fields(job: object) -> tuple[object, object] | None:
 def _id_shown(value: object) -> str:
     """An id for a message: a UUID's canonical text, made from its number (never a subclass's
     __str__, which may raise or name another id), else as shown() shows any value."""
-    number = _number_of(value) if isinstance(value, uuid.UUID) else None
+    number = _number_of(value) if is_a(value, uuid.UUID) else None
     return str(uuid.UUID(int=number)) if number is not None else shown(value)
 
 
 def _number_of(value: uuid.UUID) -> int | None:
     """A UUID's 128-bit number, as uuid.UUID itself holds it (never a subclass's __eq__), or
-    None if reading it fails (a subclass's own ``int``): the encoder then explains it."""
+    None if reading it fails or gives no 128-bit number (a subclass's own ``int``): the
+    encoder then explains it."""
     try:
-        return int.__index__(value.int)
+        number = int.__index__(value.int)
     except Exception:
         return None
+    return number if 0 <= number < 1 << 128 else None
 
 
 @dataclass(slots=True)

@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable, Iterator
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterable,
+    Iterator,
+)
 from functools import partial
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
 
 from . import _codec, _sqlite
-from ._show import shown, typed
+from ._show import is_a, shown, typed
 from .errors import (
     ConfigurationError,
     ControlError,
@@ -33,7 +40,7 @@ def _id(value: object, *, what: str) -> str:
     """An id argument (``run_id`` or ``job_id``)'s canonical text; refused, with the fix, if it
     is no uuid.UUID."""
     owner = what.removesuffix("_id")
-    if isinstance(value, Run | Job):  # the record where its id was meant
+    if is_a(value, Run) or is_a(value, Job):  # the record where its id was meant
         otherwise = f"pass {owner}.id, not the {type(value).__name__} itself"
     else:
         otherwise = f"pass the {owner}'s id (a uuid.UUID), e.g. {owner}.id"
@@ -43,36 +50,38 @@ def _id(value: object, *, what: str) -> str:
 _INT64_MAX = 2**63 - 1
 
 
-def _check_batch(value: object, *, what: str, item: type, single: str) -> None:
+def _check_batch(value: object, *, what: str, item: type[object], single: str) -> None:
     """Refuse a batch argument ``what`` that is not an iterable of ``item``s.
 
     One ``item`` is not a batch of them, nor is a str or bytes: an iterable, but of characters
     or ints, each of which would be refused as "expected a Job, got str: 'a'", blaming an item
     the caller never made. ``single``: the fix for one item.
     """
+    # By type, never isinstance(), which reads __class__: an object can fake any class there
+    # (and then fail that class's methods), or make reading it raise.
     name = item.__name__
-    if isinstance(value, str | bytes | bytearray | memoryview):
+    if any(is_a(value, kind) for kind in (str, bytes, bytearray, memoryview)):
         raise InvalidInputError(
             f"{what} must be an iterable of {name}, got a {typed(value)}, which iterates over "
             f"its characters (or bytes); nothing was stored: pass a list of {name}"
         )
-    if isinstance(value, item) or not isinstance(value, Iterable):
+    if is_a(value, item) or not is_a(value, Iterable):
         raise InvalidInputError(
             f"{what} must be an iterable of {name}, got {type(value).__name__}; nothing was "
             f"stored: {_not_iterable_fix(value, item, single)}"
         )
 
 
-def _not_iterable_fix(value: object, item: type, single: str) -> str:
+def _not_iterable_fix(value: object, item: type[object], single: str) -> str:
     """The fix for a batch argument that is not a plain iterable: ``single`` for one item."""
-    if hasattr(value, "__aiter__"):  # an async generator: the batch is read on a thread
+    if hasattr(type(value), "__aiter__"):  # an async generator: the batch is read on a thread
         return (
             "collect an async iterator first, e.g. [x async for x in it], or pass its items a "
             "list at a time"
         )
-    if inspect.isawaitable(value):
+    if is_a(value, Awaitable):
         return "await it first: this is a coroutine or other awaitable, not the items"
-    if isinstance(value, item):
+    if is_a(value, item):
         return single
     return f"pass a list (or any iterable) of {item.__name__}"
 
@@ -81,7 +90,7 @@ def _int_from(value: object, low: int, high: int) -> int | None:
     """``value`` as a plain int if it is an int (not a bool) from ``low`` to ``high`` (a count
     argument), else None. A subclass's plain value, compared and used as that: its own
     comparisons could raise, or lie (a limit of -1 is no limit to SQLite)."""
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not is_a(value, int) or is_a(value, bool):
         return None
     plain = int.__index__(value)
     return plain if low <= plain <= high else None
@@ -573,7 +582,7 @@ class Store:
         # Encoded here, before the hop: a bad outcome anywhere fails the call with nothing sent.
         # That reads the whole batch: an iterator's every error from here on says it was
         # consumed (see _sqlite.consumed), or a retry with it would record nothing, and succeed.
-        one_shot = isinstance(outcomes, Iterator)
+        one_shot = is_a(outcomes, Iterator)
         rows: list[tuple[str, str]] = []
         raised: Exception | None = None
         failed: ControlError | None = None

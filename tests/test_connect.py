@@ -306,8 +306,21 @@ class _BytesPath:
         (lambda tmp: _BytesPath(), "gives bytes, not str"),
         (lambda tmp: tmp / ("x" * 300 + ".db"), "File name too long"),
         (lambda tmp: tmp / "README" / "control.db", "is a file, not a directory"),
+        (lambda tmp: str(tmp / "\ud800.db"), r"cannot encode '\\ud800' at position"),
+        (lambda tmp: f"sqlite://{tmp}/\ud800.db", "cannot be a file name here"),
+        (lambda tmp: tmp / "\ud800.db", "cannot be a file name here"),
     ],
-    ids=["nul-str", "nul-url", "nul-path", "bytes-pathlike", "name-too-long", "file-as-dir"],
+    ids=[
+        "nul-str",
+        "nul-url",
+        "nul-path",
+        "bytes-pathlike",
+        "name-too-long",
+        "file-as-dir",
+        "surrogate-str",
+        "surrogate-url",
+        "surrogate-path",
+    ],
 )
 async def test_paths_no_file_can_have_are_refused(
     tmp_path: Path, make: Callable[[Path], object], match: str

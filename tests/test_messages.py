@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from control_store import (
@@ -24,6 +25,7 @@ from control_store import (
     MigrationError,
     Run,
     RunId,
+    RunStatus,
     Store,
 )
 from control_store._show import shown
@@ -364,6 +366,90 @@ async def test_each_field_of_a_call_is_read_once_and_by_its_own_class(store: Sto
     assert await store.check() == []
 
 
+class _RaisingClass:
+    """An object whose __class__ raises: isinstance() of it raises too."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        raise RuntimeError("__class__ raised")
+
+
+class _Proxy:
+    """A proxy whose target is gone: every attribute it does not have raises."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"proxy target gone ({name})")
+
+
+class _UnmeasurableText(str):
+    """Text whose len() raises: a repr() may return one."""
+
+    def __len__(self) -> int:
+        raise RuntimeError("len raised")
+
+
+class _ReprOfUnmeasurableText:
+    def __repr__(self) -> str:
+        return _UnmeasurableText("<value>")
+
+
+class _OverflowingId(uuid.UUID):
+    """A UUID subclass whose own int is no 128-bit number."""
+
+    int = property(lambda self: 2**200, lambda self, value: None)  # type: ignore[misc]
+
+
+async def test_arguments_that_fake_or_hide_their_class_are_refused_naming_them(
+    store: Store, tmp_path: Path
+) -> None:
+    """Arguments read by type, never by isinstance(), which reads a __class__ that may claim
+    int, list or bool (whose own methods then fail on it) or raise; a batch's fix found without
+    the object's own __getattr__; a repr() giving a str subclass read as plain text; an id
+    subclass whose number is out of range. Each was a raw TypeError, RuntimeError or
+    ValueError (a faked bool for migrate= or read_only= after the file was created); each is
+    now the ControlError naming the argument, and nothing is written or created."""
+    run = make_run(2)
+    await store.insert_run(run)
+    before = await _snapshot(store)
+    fake_int, fake_list = _faking(int), _faking(list)
+    hidden: Any = _RaisingClass()
+    proxy: Any = _Proxy()
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    odd_repr: Any = _ReprOfUnmeasurableText()
+    other = make_run(1)
+    overflowing = Job(RunId(_OverflowingId(int=3)), EvalJob("a", "s", 0))
+    calls: list[tuple[Callable[[], Awaitable[object]], str]] = [
+        (lambda: store.claim_runs(fake_int), "limit must be an int"),
+        (lambda: store.list_runs(limit=fake_int), "limit must be"),
+        (lambda: store.iter_jobs(run.id, page_size=fake_int).__anext__(), "page_size must be"),
+        (lambda: store.iter_runs(page_size=fake_int).__anext__(), "page_size must be"),
+        (lambda: store.insert_jobs(fake_list), "jobs must be an iterable of Job"),
+        (lambda: store.record_job_outcomes(run.id, fake_list), "outcomes must be an iterable"),
+        (lambda: store.get_run(hidden), "run_id must be a uuid.UUID"),
+        (lambda: store.record_job_outcome(hidden, JobOutcome(uuid.uuid4())), "run_id must be"),
+        (lambda: store.insert_jobs(hidden), "jobs must be an iterable of Job"),
+        (lambda: store.insert_jobs(proxy), "jobs must be an iterable of Job, got _Proxy"),
+        (lambda: store.insert_run(other, jobs=proxy), "jobs must be an iterable of Job"),
+        (lambda: store.record_job_outcomes(run.id, proxy), "outcomes must be an iterable"),
+        (lambda: store.get_run(odd_repr), "run_id must be a uuid.UUID, got "),
+        (lambda: store.claim_runs(odd_repr), "limit must be an int"),
+        (lambda: store.insert_run(Run("m", ["a"], odd_repr, 1)), "epochs must be an int"),
+        (lambda: store.insert_run(other, jobs=[overflowing]), "run_id is a _OverflowingId"),
+        (lambda: Store.connect(hidden), "expected a URL string or a path"),
+        (lambda: Store.connect(odd_repr), "expected a URL string or a path"),
+        (lambda: Store.in_memory(busy_timeout=fake_int), "busy_timeout="),
+        (lambda: Store.in_memory(synchronous=_faking(str)), "synchronous="),
+        (lambda: Store.connect(fresh / "x.db", migrate=_faking(bool)), "migrate="),
+        (lambda: Store.connect(fresh / "x.db", read_only=_faking(bool)), "read_only="),
+    ]
+    for call, words in calls:
+        with pytest.raises(ControlError, match=re.escape(words)):
+            await call()
+    assert await _snapshot(store) == before
+    assert list(fresh.iterdir()) == []
+
+
 class _RaisingRunId(Job, frozen=True):
     """A Job subclass whose run_id is a property that raises: the struct's own slot still
     holds the value Job(...) was given."""
@@ -474,13 +560,36 @@ async def test_a_str_whose_isascii_lies_is_still_checked_for_utf8(store: Store) 
     assert await _snapshot(store) == before
 
 
+class _UnhashableValue:
+    """A value of no str type whose __hash__ raises."""
+
+    def __hash__(self) -> int:
+        raise RuntimeError("hash broke")
+
+    def __repr__(self) -> str:
+        return "'queued'"
+
+
+class _OwnKindText(str):
+    """A str subclass equal only to its own kind: its own __eq__ finds no status equal."""
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _OwnKindText and str.__eq__(self, other)
+
+    def __hash__(self) -> int:
+        return hash(("own", str.__str__(self)))
+
+
 async def test_a_status_whose_hash_raises_is_refused_naming_the_field(store: Store) -> None:
     """A status whose __hash__ raises (a dict or enum lookup hashes it) is an InvalidInputError
-    naming the status and the fix, in insert_run, insert_jobs and list_runs; nothing changes."""
+    naming the status and the fix, in insert_run, insert_jobs and list_runs; nothing changes.
+    A str subclass is taken by its plain value, as every text field takes one (its own
+    __hash__ and __eq__ never run): one whose hash raises, or whose __eq__ equals no status,
+    is that status. The second was refused as "status 'queued' is not one of ['queued', ...]"."""
     run = make_run(2)
     await store.insert_run(run)
     before = await _snapshot(store)
-    status: Any = _UnhashableStatus("queued")
+    status: Any = _UnhashableValue()
     with pytest.raises(InvalidInputError, match=r"status 'queued' cannot be compared.*hash broke"):
         await store.insert_run(Run("m", ["a"], 1, 1, status=status))
     with pytest.raises(InvalidInputError, match=r": status 'queued'.*pass a JobStatus"):
@@ -488,6 +597,14 @@ async def test_a_status_whose_hash_raises_is_refused_naming_the_field(store: Sto
     with pytest.raises(InvalidInputError, match=r"status 'queued'.*pass a RunStatus.*or None"):
         await store.list_runs(status=status)
     assert await _snapshot(store) == before
+    for text in (_UnhashableStatus("queued"), _OwnKindText("queued")):
+        plain: Any = text
+        other = Run("m", ["a"], 1, 1, status=plain)
+        await store.insert_run(other)
+        assert await store.get_run(other.id) == msgspec.structs.replace(
+            other, status=RunStatus.QUEUED
+        )
+        assert other.id in [r.id for r in await store.list_runs(status=plain)]
 
 
 async def test_a_models_list_that_cannot_be_iterated_is_refused(store: Store) -> None:
