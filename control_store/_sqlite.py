@@ -728,6 +728,85 @@ def _check_place(path: str, name: str, *, creates: bool) -> None:
             )
             error.retryable = True  # as a write-protected file: cured outside, then retried
             raise error
+    _check_sidecars(path, target, name)
+
+
+def _check_sidecars(path: str, target: str, name: str) -> None:
+    """Refuse a database in WAL mode that another process has open while its -wal or -shm is
+    missing: deleted (or moved) under that process's store. SQLite, connecting, would make a
+    new -shm beside the running store's deleted one, and the two processes then write the file
+    at once: the first store's close(), the fault table's fix, then checkpointed with its stale
+    index and left the file "not a database" (measured); with the -wal gone, it read the
+    -shm's index into a log that is not there (SQLITE_IOERR_SHORT_READ, read as a disk fault).
+    A store of this process on the file shares its -shm with this one (SQLite keys it by the
+    file): nothing is made anew. Told by /proc/locks, as _stale_sidecars tells it; where that
+    cannot be read, nothing is refused (a database closed cleanly has neither file)."""
+    missing = [suffix for suffix in ("-wal", "-shm") if not os.path.lexists(f"{target}{suffix}")]
+    identity = _identity_if_there(path)
+    if not missing or identity is None or _held(identity):
+        return
+    # A connection opening the file, or closing it last, holds its lock on the file for a
+    # moment while the two files are not there yet, or no longer: looked at again before a
+    # refusal, so that only a lasting state is one.
+    others: set[int] = set()
+    for attempt in range(_SIDECAR_LOOKS):
+        if attempt:
+            time.sleep(_SIDECAR_PAUSE)
+        # Read locks: every connection in WAL mode holds one on the file while it has it open.
+        # A write lock there is a connection in locking_mode=EXCLUSIVE, which keeps its index
+        # in its own memory, no -shm at all (SQLite then says the file is busy), or the last
+        # to close, about to delete both files.
+        holding = _lock_holders(identity[1], reading=True)
+        missing = [s for s in missing if not os.path.lexists(f"{target}{s}")]
+        if holding is None or not missing or not _in_wal_mode(path):
+            return
+        others = holding - {os.getpid()}
+        if not others:
+            return
+    files = " and ".join(repr(f"{target}{suffix}") for suffix in missing)
+    holders = (
+        f"process {others.pop()} has"
+        if len(others) == 1
+        else f"processes {', '.join(str(pid) for pid in sorted(others))} have"
+    )
+    lost = (
+        "a new one here would make two processes write the file at once, and corrupt it"
+        if "-shm" in missing
+        else "the running store's writes since the last checkpoint are only in the log it "
+        "still holds open"
+    )
+    raise ConfigurationError(
+        f"cannot open {name}: {files} {'are' if len(missing) > 1 else 'is'} missing while "
+        f"{holders} the database open: deleted or moved under a running store; "
+        f"nothing was opened ({lost}): put a moved file back, else close that process's store "
+        "with await store.close() (the last store to close keeps every write it acknowledged), "
+        "close every other store on the file, and connect again"
+    )
+
+
+# How many times, and how far apart, _check_sidecars looks before it refuses: ~0.1 s in all.
+_SIDECAR_LOOKS: Final = 6
+_SIDECAR_PAUSE: Final = 0.02
+
+
+def _lock_holders(inode: int, *, reading: bool = False) -> set[int] | None:
+    """The processes holding (or waiting for) a lock on the file of ``inode``, per Linux's
+    /proc/locks (-1 stands for an open file description's lock, whose owner it does not
+    show); ``reading``: read (shared) locks only. None where /proc/locks cannot be read.
+
+    By inode number alone, on any device: /proc/locks prints the device of the inode's
+    superblock, which is not stat()'s st_dev on btrfs (a subvolume's anonymous device) nor on
+    an overlayfs over more than one file system. Another file of that number locked elsewhere
+    only makes a caller see the file in use."""
+    try:
+        with open("/proc/locks", encoding="ascii") as locks:  # a procfs file: no POSIX locks
+            held = locks.read()
+    except OSError:
+        return None
+    found = re.findall(
+        rf"^\d+: (?:-> )?\S+\s+\S+\s+(\S+)\s+(-?\d+) [0-9a-f]+:[0-9a-f]+:{inode} ", held, re.M
+    )
+    return {int(pid) for mode, pid in found if not reading or mode == "READ"}
 
 
 def _check_new_file(path: str, name: str) -> None:
@@ -784,15 +863,11 @@ def _stale_sidecars(target: str) -> bool:
             st = os.stat(f"{target}-shm")
         except FileNotFoundError:
             return True
-        with open("/proc/locks", encoding="ascii") as locks:  # a procfs file: no POSIX locks
-            held = locks.read()
     except OSError:
         return False
-    # By inode number alone, on any device: /proc/locks prints the device of the inode's
-    # superblock, which is not stat()'s st_dev on btrfs (a subvolume's anonymous device) nor
-    # on an overlayfs over more than one file system. Another file of that number locked
-    # elsewhere only makes this say "in use": a refusal, never a -shm shared.
-    return re.search(rf" [0-9a-f]+:[0-9a-f]+:{st.st_ino} ", held) is None
+    # Another file of that inode number locked elsewhere only makes this say "in use": a
+    # refusal, never a -shm shared.
+    return _lock_holders(st.st_ino) == set()
 
 
 # The longest name SQLite gives a file beside the database: its rollback journal's, used before

@@ -608,6 +608,109 @@ async def test_an_empty_wal_of_a_running_store_still_refuses_a_new_file(db_path:
         away.rename(db_path)
 
 
+# A store in another process: it writes a run, says so, and closes when its stdin says to.
+_HOLDER = """
+import asyncio, sys
+from control_store import Run, Store
+async def main():
+    store = await Store.connect(sys.argv[1])
+    await store.insert_run(Run("held", ["a"], 1, 1))
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    await store.close()
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="reads /proc/locks")
+@pytest.mark.parametrize("suffix", ["-shm", "-wal"])
+async def test_connecting_while_another_processs_wal_or_shm_is_gone_is_refused(
+    db_path: Path, suffix: str
+) -> None:
+    """Another process's store has the file open when its -shm (or -wal) is deleted: a connect
+    here is refused, naming the file and the process. SQLite would make a new -shm beside the
+    running store's deleted one, the two then wrote the file at once, and the first store's
+    close() (the fault table's fix) left it "not a database"; with the -wal gone, every
+    command failed as a disk fault to retry. After that store's close, the connect works, with
+    every write of that store kept."""
+    async with Store.connect(db_path) as store:
+        mine = make_run()
+        await store.insert_run(mine)
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _HOLDER,
+        str(db_path),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert holder.stdin is not None
+    assert holder.stdout is not None
+    try:
+        assert await asyncio.wait_for(holder.stdout.readline(), CALL_TIMEOUT) == b"ready\n"
+        Path(f"{db_path}{suffix}").unlink()
+        with pytest.raises(ConfigurationError) as refused:
+            await Store.connect(db_path)
+        message = str(refused.value)
+        assert f"'{db_path}{suffix}' is missing while process {holder.pid} has the" in message
+        assert "close that process's store with await store.close()" in message
+        assert not Path(f"{db_path}{suffix}").exists()  # nothing made anew
+    finally:
+        holder.stdin.write(b"\n")
+        await holder.stdin.drain()
+        assert await asyncio.wait_for(holder.wait(), CALL_TIMEOUT) == 0
+    async with Store.connect(db_path) as store:
+        runs = await store.list_runs()
+        assert mine in runs
+        assert [run.manifest for run in runs].count("held") == 1
+    await assert_sound(db_path)
+
+
+# A raw sqlite3 connection in locking_mode=EXCLUSIVE in another process: in WAL mode it keeps
+# its index in its own memory, with no -shm, and holds the file until its stdin says to close.
+_EXCLUSIVE = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+conn.execute("SELECT count(*) FROM runs").fetchall()
+print("ready", flush=True)
+sys.stdin.readline()
+conn.close()
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="reads /proc/locks")
+async def test_a_process_holding_the_file_exclusively_is_busy_not_a_deleted_shm(
+    db_path: Path,
+) -> None:
+    """Another process's connection in locking_mode=EXCLUSIVE has no -shm at all: a connect
+    here meanwhile is DatabaseBusyError (retryable), never the refusal of a -shm deleted under
+    a running store; after it closes, the connect works."""
+    async with Store.connect(db_path) as store:
+        await store.insert_run(make_run())
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _EXCLUSIVE,
+        str(db_path),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert holder.stdin is not None
+    assert holder.stdout is not None
+    try:
+        assert await asyncio.wait_for(holder.stdout.readline(), CALL_TIMEOUT) == b"ready\n"
+        assert not Path(f"{db_path}-shm").exists()
+        with pytest.raises(DatabaseBusyError):
+            await Store.connect(db_path, busy_timeout=0.1)
+    finally:
+        holder.stdin.write(b"\n")
+        await holder.stdin.drain()
+        assert await asyncio.wait_for(holder.wait(), CALL_TIMEOUT) == 0
+    async with Store.connect(db_path) as store:
+        assert len(await store.list_runs()) == 1
+
+
 async def test_a_file_another_process_creates_meanwhile_is_opened(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
