@@ -640,6 +640,13 @@ async def requeue_stranded(store: Store, runs: Sequence[Run]) -> int:
     return await backend.write(_sqlite.GiveBack([_codec.uuid_text(run.id) for run in runs]))
 
 
+async def held_runs(store: Store, runs: Sequence[Run]) -> int:
+    """How many of ``runs`` are 'running': a read, which goes on while another connection
+    holds the write lock that stopped requeue_stranded."""
+    ours = {run.id for run in runs}
+    return sum([run.id in ours async for run in store.iter_runs(status=RunStatus.RUNNING)])
+
+
 def _receive(pipe: Connection, current: ProcessReport | None) -> ProcessReport | None:
     if current is not None:
         return current

@@ -1240,6 +1240,12 @@ async def _requeue_stranded(
     try:
         return await _demo.requeue_stranded(store, runs)
     except ControlError as exc:
+        # A lock held past --busy-timeout, say: whether any run is held is read (reads go on
+        # beside another connection's write), so that a demo whose schedulers claimed nothing
+        # does not send its user to the recipe for runs left 'running'.
+        with contextlib.suppress(ControlError):
+            if not await _demo.held_runs(store, runs):
+                return 0
         return exc
 
 
@@ -1404,6 +1410,8 @@ def _rate(limit: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
         if not _DECIMAL.fullmatch(text):
             if text.startswith("-") and _DECIMAL.fullmatch(text[1:]):
+                if float(text[1:]) == 0.0:
+                    return 0.0  # -0 is 0
                 raise argparse.ArgumentTypeError(f"{text} must be between 0 and {limit}")
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not a number: write it in digits 0-9, with a '.' for a fraction"

@@ -1307,6 +1307,13 @@ def test_a_negative_number_is_refused_saying_the_range(
     assert reason in err.splitlines()[-1], err
 
 
+@pytest.mark.parametrize("zero", ["-0", "-0.0", "-.0"])
+def test_minus_zero_is_zero(zero: str) -> None:
+    """-0 is 0, in range: it was refused as "-0 must be between 0 and 86400.0"."""
+    assert cli._seconds(zero) == 0.0
+    assert cli._rate(1.0)(zero) == 0.0
+
+
 def test_an_empty_url_is_a_usage_error(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -2181,6 +2188,22 @@ def test_a_failed_fleet_queues_again_the_runs_its_schedulers_held(
     assert "README's recipe for runs a killed scheduler left" in line
     assert f"control-store runs --status running --all --url {path}" in line
     assert _run_statuses(path) == {"queued": 2, "running": 1}
+
+    # Schedulers that failed before claiming any run (another connection's write lock held
+    # past --busy-timeout), and the give-back failing on that lock too: the line said the runs
+    # they held stay 'running', with the recipe for them, when they held none.
+    async def idle_fleet(config: demo.DemoConfig, on_progress: object) -> demo.FleetResult:
+        return _first_process_failed(config, demo.ProcessReport(error="is locked"))
+
+    monkeypatch.setattr(demo, "run_fleet", idle_fleet)
+    path = tmp_path / "idle.db"
+    code, _, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
+    assert code == 1
+    (line,) = err.splitlines()
+    assert "demo invariant failed: every scheduler process" in line
+    assert "stay 'running'" not in line
+    assert "README's recipe" not in line
+    assert _run_statuses(path) == {"queued": 3}
 
 
 async def test_a_scheduler_dispatches_a_run_a_page_at_a_time(store: Store) -> None:
