@@ -1058,12 +1058,30 @@ def _ours(missing: re.Match[str]) -> bool:
     return table.lower() in {part.name for part in schema} | {_migrate.TRACKING_TABLE}
 
 
-def _too_big(detail: str) -> InvalidInputError:
+def _too_big(detail: str, what: str = "a value of this call") -> InvalidInputError:
     return InvalidInputError(
-        f"a value of this call is longer than SQLite keeps in one text or blob (its length "
+        f"{what} is longer than SQLite keeps in one text or blob (its length "
         f"limit, 1,000,000,000 bytes unless the build changed it) [{detail}]; nothing was "
         "written: keep large outputs elsewhere (a file, an object store) and store a reference"
     )
+
+
+def _outcome_too_big(
+    exc: Exception, job_id: str, outcome_json: str, where: str = ""
+) -> InvalidInputError | None:
+    """The error naming the outcome that ``exc`` (raised recording it) found too long to store,
+    or None if ``exc`` is no such refusal; ``where``: its place in a batch ("outcomes[3]: ")."""
+    if isinstance(exc, OverflowError):  # sqlite3 binding a text of over 2**31 - 1 bytes
+        detail = str(exc)
+    elif getattr(exc, "sqlite_errorname", None) == "SQLITE_TOOBIG":
+        detail = f"{exc} (SQLITE_TOOBIG)"
+    else:
+        return None
+    what = (
+        f"{where}the outcome of job {job_id}, {len(outcome_json):,} characters as stored (its "
+        "output, error and score as JSON),"
+    )
+    return _too_big(detail, what)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -3292,7 +3310,14 @@ def _why_unrecorded(
 def op_record_outcome(
     run_id: str, job_id: str, outcome_json: str, conn: sqlite3.Connection
 ) -> bool:
-    if conn.execute(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount == 1:
+    try:
+        marked = conn.execute(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount
+    except (sqlite3.DataError, OverflowError) as exc:
+        too_big = _outcome_too_big(exc, job_id, outcome_json)
+        if too_big is None:
+            raise
+        raise too_big from exc
+    if marked == 1:
         if conn.execute(ADVANCE_RUN, (run_id,)).rowcount != 1:
             _refuse_corrupt_counters(run_id, job_id, conn)
         return True
@@ -3337,7 +3362,14 @@ def op_record_outcomes(
     first_new = ""  # a job this batch marked, for the error if the run cannot advance
     mark = conn.cursor().execute  # one cursor for the batch, not one per statement
     for job_id, outcome_json in outcomes:
-        if mark(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount == 1:
+        try:
+            marked = mark(MARK_JOB_DONE, (outcome_json, job_id, run_id)).rowcount
+        except (sqlite3.DataError, OverflowError) as exc:
+            too_big = _outcome_too_big(exc, job_id, outcome_json, f"outcomes[{len(results)}]: ")
+            if too_big is None:
+                raise
+            raise too_big from exc
+        if marked == 1:
             if not new:
                 first_new = job_id
             new += 1

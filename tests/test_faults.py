@@ -770,8 +770,17 @@ async def test_a_text_longer_than_sqlite_keeps_is_invalid_input(store: Store) ->
     await store.insert_run(run)
     [job] = make_jobs(run)
     await store.insert_jobs([job])
-    with pytest.raises(InvalidInputError, match=r"longer than SQLite keeps.*SQLITE_TOOBIG"):
-        await store.record_job_outcome(run.id, JobOutcome(job.id, output="x" * 20_000))
+    big = JobOutcome(job.id, output="x" * 20_000)
+    size = len(msgspec.json.encode(big))
+    with pytest.raises(InvalidInputError) as caught:
+        await store.record_job_outcome(run.id, big)
+    named = f"the outcome of job {job.id}, {size:,} characters as stored (its output, error"
+    assert str(caught.value).startswith(named), caught.value
+    assert "longer than SQLite keeps" in str(caught.value)
+    assert "SQLITE_TOOBIG" in str(caught.value)
+    with pytest.raises(InvalidInputError) as caught:  # the batch names the outcome by place
+        await store.record_job_outcomes(run.id, [JobOutcome(job.id), big])
+    assert str(caught.value).startswith(f"outcomes[1]: {named}"), caught.value
     with pytest.raises(InvalidInputError, match=r"longer than SQLite keeps"):
         await store.insert_run(Run("m" * 20_000, ["a"], 1, 1))
     assert await store.get_job(job.id) == job
