@@ -1871,7 +1871,10 @@ def _records(
     applied = {row.version: row for row in rows}
     installed: dict[int, str] = {}
     if applied:
-        installed = {int(v): str(i) for v, _, _, _, i in conn.execute(SELECT_APPLIED)}
+        # Leniently, as _read_applied read the rows: a checksum stored as TEXT that is no UTF-8
+        # (CAST to TEXT by hand) passed that read as the bytes it holds, and failed this one.
+        held = _leniently(conn, lambda: conn.execute(SELECT_APPLIED).fetchall())
+        installed = {int(v): str(i) for v, _, _, _, i in held}
     records = []
     newest = max(applied, default=0)
     for version in sorted(known.keys() | applied.keys()):

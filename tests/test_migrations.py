@@ -310,6 +310,23 @@ async def test_a_checksum_cell_that_is_no_sha384_is_a_corrupt_row_with_its_repai
         assert await store.check() == []
 
 
+async def test_a_checksum_cast_to_text_that_is_no_utf8_still_lists_the_history(
+    db_path: Path,
+) -> None:
+    """A checksum CAST to TEXT by hand holds the same bytes, which are no UTF-8: connect and
+    check() accept the row (it is read leniently, as those bytes), and migration_status() and
+    migrate() list it too, where they failed with sqlite3's "Could not decode to UTF-8"."""
+    with raw_db(db_path) as conn:
+        conn.execute(f"UPDATE {TRACKING} SET checksum = CAST(checksum AS TEXT) WHERE version = 1")
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        states = await store.migration_status()
+        assert [state.version for state in states if state.installed_on] == [
+            version for version, _ in SHIPPED
+        ]
+        assert await store.migrate() == []
+
+
 async def test_a_column_dropped_from_the_tracking_table_is_named_with_its_repair(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
