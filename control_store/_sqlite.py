@@ -907,7 +907,11 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
                 "busy_timeout"
             )
         elif name == "SQLITE_CONSTRAINT_FOREIGNKEY":
-            error = MissingRunError(f"a job refers to a run that does not exist [{detail}]")
+            error = MissingRunError(
+                f"{database} refused the write: a job refers to a run that does not exist, or a "
+                "foreign key this release's schema does not make (check() names it) refused a "
+                f"value [{detail}]; nothing of this call was written"
+            )
         elif name == "SQLITE_CONSTRAINT_PRIMARYKEY":
             error = AlreadyExistsError(f"a row with this id already exists [{detail}]")
         elif name == "SQLITE_CONSTRAINT_UNIQUE":
@@ -2032,6 +2036,12 @@ def _insert_jobs(
                 "from the batch, or give it a fresh id"
             ) from exc
         if failed is not None and name == "SQLITE_CONSTRAINT_FOREIGNKEY":
+            if conn.execute(SELECT_JOB_ROWS, (failed[1],)).fetchone() is not None:
+                raise ConstraintError(
+                    f"job {failed[0]} was refused by a foreign key this release's schema does "
+                    f"not make (its run {failed[1]} exists) [{exc}]; no job of this call was "
+                    "inserted: check() names the key, and how to remake the table without it"
+                ) from exc
             raise MissingRunError(
                 f"job {failed[0]} refers to run {failed[1]}, which does not exist; no job of "
                 f"this call was inserted: insert the run first ({_IF_INSERTED})"
@@ -2733,6 +2743,18 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
             report(
                 f"column {part.name}.{key[0]} no longer refers to {key[1]}({key[2]}) ({why}); "
                 "restore the database from a backup"
+            )
+        # A foreign key on one of this release's columns that it does not make (one on a column
+        # of the user's own is theirs): every write of a value it finds no row for is refused.
+        made_keys: set[object] = {key[0] for key in part.keys} | damaged.get(part.name, set())
+        for other in keys:
+            if other[0] not in part.column_names or other[0] in made_keys:
+                continue
+            target = other[1] if other[2] == "none" else f"{other[1]}({other[2]})"
+            report(
+                f"column {part.name}.{other[0]} refers to {target}, a foreign key this "
+                "release's schema does not make (a table rebuilt by hand): a write of a "
+                f"{other[0]} that no row of {other[1]} holds is refused; {_rebuild(part)}"
             )
     return not unsound
 

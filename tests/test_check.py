@@ -310,6 +310,39 @@ async def test_a_column_rebuilt_with_another_collation_is_named_not_its_index(
     assert quiet == []
 
 
+async def test_a_foreign_key_added_to_one_of_the_schemas_columns_is_named(db_path: Path) -> None:
+    """jobs rebuilt by hand with spec REFERENCES runs (id), a foreign key this release does not
+    make: check() names it (it found nothing), and an insert it refuses says so, naming the
+    job and that its run exists, not "refers to run ..., which does not exist". One on a
+    column of the user's own is theirs: no finding."""
+    messages = await _jobs_rebuilt(
+        db_path,
+        lambda sql: sql.replace(
+            "spec     TEXT    NOT NULL", "spec TEXT NOT NULL REFERENCES runs (id)"
+        ),
+    )
+    with raw_db(db_path) as conn:  # the user's own column, with a key of its own
+        conn.execute("ALTER TABLE runs ADD COLUMN note TEXT REFERENCES runs (id)")
+    assert [p.message for p in await _check(db_path)] == messages
+    (message,) = messages
+    assert message.startswith(
+        "column jobs.spec refers to runs(id), a foreign key this release's schema does not make"
+    )
+    assert "restore the database from a backup (without one, make it again" in message
+    async with Store.connect(db_path) as store:
+        run = make_run(job_count=1)
+        await store.insert_run(run)
+        (job,) = make_jobs(run)
+        with pytest.raises(ConstraintError) as caught:
+            await store.insert_jobs([job])
+        assert not isinstance(caught.value, MissingRunError)
+        assert f"job {job.id} was refused by a foreign key this release's schema does" in str(
+            caught.value
+        )
+        assert f"(its run {run.id} exists)" in str(caught.value)
+        assert await store.list_jobs(run.id) == []
+
+
 async def test_a_write_refused_by_a_check_constraint_of_the_users_says_so(db_path: Path) -> None:
     """A CHECK constraint a table was rebuilt with is the user's own, as a trigger is: no
     finding. A write it refuses is a ConstraintError naming it, saying nothing was written,
