@@ -4022,7 +4022,11 @@ class SqliteBackend:
             self._stop_if_drained()
 
     def _start_flusher(self) -> None:
+        # Not idle from here until the flusher has emptied the queue: close() waits on _idle,
+        # and a give-back that started a flusher on an idle store left it set, so a close()
+        # then closed the connection under the writes queued behind the give-back.
         self._writing = True
+        self._idle.clear()
         flusher = asyncio.get_running_loop().create_task(self._flush())
         self._flusher = flusher
         flusher.add_done_callback(self._flusher_stopped)

@@ -487,6 +487,72 @@ async def test_a_claim_whose_give_back_fails_says_which_runs_stay_running(
         assert await store.check() == []
 
 
+class _HeldStatements:
+    """Stops the store's worker thread at the first statement starting with each prefix (a
+    statement trace runs before each), until that prefix's gate is set."""
+
+    def __init__(self, *prefixes: str) -> None:
+        self.inside = {prefix: threading.Event() for prefix in prefixes}
+        self.gate = {prefix: threading.Event() for prefix in prefixes}
+
+    def __call__(self, statement: str) -> None:
+        for prefix, inside in self.inside.items():
+            if statement.lstrip().startswith(prefix) and not inside.is_set():
+                inside.set()
+                self.gate[prefix].wait(CALL_TIMEOUT)
+
+    async def entered(self, prefix: str) -> bool:
+        return await asyncio.to_thread(self.inside[prefix].wait, CALL_TIMEOUT)
+
+
+async def test_close_waits_for_the_writes_queued_behind_a_give_back(db_path: Path) -> None:
+    """A cancelled claim's give-back started the store's flusher while the store was idle, and
+    left it marked idle: with the claim settled, a close() closed the connection under the
+    writes still queued behind the flusher's group in flight (StoreClosedError, "is closed;
+    connect again", for calls made before the close). close() lets them commit, as it does
+    any write it accepted."""
+    store = await Store.connect(db_path)
+    run = make_run(job_count=20)
+    jobs = make_jobs(run)
+    await store.insert_run(run, jobs=jobs)
+    await store.insert_run(make_run())
+    backend = store._backend
+    assert backend is not None
+    claiming, giving_back = "UPDATE runs SET status = 'running'", "UPDATE runs SET status = 'q"
+    recording = "UPDATE jobs SET"
+    held = _HeldStatements(claiming, giving_back, recording)
+    await backend.read(lambda conn: conn.set_trace_callback(held))
+    claim = asyncio.ensure_future(store.claim_next_run())
+    assert await held.entered(claiming)
+    claim.cancel()
+    held.gate[claiming].set()  # the claim commits, then gives its run back through the flusher
+
+    def record(some: list[Job]) -> list[asyncio.Future[bool]]:
+        return [
+            asyncio.ensure_future(store.record_job_outcome(run.id, JobOutcome(j.id))) for j in some
+        ]
+
+    assert await held.entered(giving_back)  # the flusher's group of the give-back alone
+    first = record(jobs[:10])  # queued behind it: the flusher's next group
+    await asyncio.sleep(0)
+    held.gate[giving_back].set()
+    assert await held.entered(recording)  # that group is on the thread
+    await asyncio.wait([claim], timeout=CALL_TIMEOUT)  # the give-back is done: nothing owed
+    assert claim.cancelled()
+    second = record(jobs[10:])  # queued behind the group in flight
+    await asyncio.sleep(0)
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0.05)  # a close() that saw the store idle queues its close now
+    held.gate[recording].set()
+    await asyncio.wait_for(closing, CALL_TIMEOUT)
+    assert await asyncio.gather(*first, *second) == [True] * len(jobs)
+    async with Store.connect(db_path) as again:
+        stored = await again.get_run(run.id)
+        assert stored is not None
+        assert stored.done_count == len(jobs)
+        assert await again.check() == []
+
+
 async def test_a_shutdown_cancelling_close_itself_still_gives_claims_back(db_path: Path) -> None:
     """A shutdown that cancels close()'s own task, the group-commit task and the claimers while
     a group of claims is on the thread: the claims give their runs back before the connection
