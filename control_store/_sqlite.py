@@ -3620,6 +3620,16 @@ class SqliteBackend:
                 source=self,
             )
 
+    def refuse_foreign_close(self) -> None:
+        """Refuse a close() that close() would refuse (refuse_foreign), before the caller
+        changes anything: from another loop, while the opener's loop runs. A forked child's
+        copy, a closed store and one whose loop has closed are closed from anywhere."""
+        if self._pid != _Process.pid or self._loop.is_closed():
+            return
+        if self._closer is not None and self._closer.done():
+            return
+        self.refuse_foreign()
+
     async def close(self) -> None:
         # Every write already accepted finishes (and commits) before the connection closes:
         # a caller handed to the group commit gets its result, not a closed connection.
@@ -3771,6 +3781,25 @@ class SqliteBackend:
         if small and self._inline:
             return self._read_inline(op)
         return self._hop_read(op)
+
+    async def read_withdrawable(self, op: Op[T]) -> T:
+        """read(op) for an op that writes in transactions of its own (migrate): a caller
+        cancelled while the op still waits for the thread withdraws it, and it never runs, as a
+        write does (a plain hop ran it all the same, and applied the migrations of a call its
+        caller had cancelled). One that has started runs to its end."""
+        ticket: _Ticket = [op]
+
+        def taken(conn: sqlite3.Connection) -> T:
+            mine = _take(ticket)
+            if mine is None:
+                raise _Withdrawn  # its caller is gone: nothing ran, and no one awaits this
+            return cast(T, mine(conn))
+
+        try:
+            return await self.read(taken)
+        except asyncio.CancelledError:
+            _withdraw(ticket)
+            raise
 
     def admit(self) -> None:
         """Refuse a call from another process or event loop (refuse_foreign), or made once
@@ -4144,6 +4173,10 @@ def _take(ticket: _Ticket) -> Op[Any] | None:
         return ticket.pop()
     except IndexError:
         return None
+
+
+class _Withdrawn(Exception):
+    """What the worker gives for a read_withdrawable op its caller withdrew (never seen)."""
 
 
 def _withdraw(ticket: _Ticket) -> bool:

@@ -27,7 +27,6 @@ from .errors import (
     InvalidInputError,
     ReadOnlyStoreError,
     StoreClosedError,
-    WrongEventLoopError,
 )
 from .models import Job, JobOutcome, Problem, Run, RunStatus
 
@@ -349,17 +348,15 @@ class Store:
         stays open), or, once that loop has closed, from any; in a process forked from the
         opener, it only forgets the inherited copy.
         """
-        was_open = self._backend is not None
         backend = self._backend or self._closed
         if backend is None:
             return
+        # Refused before anything changes: a close() from another thread's loop that marked the
+        # store closed while it built its refusal failed the owner's calls meanwhile, and could
+        # mark it open again after the owner's own close.
+        backend.refuse_foreign_close()
         self._backend, self._closed = None, backend
-        try:
-            await backend.close()  # a second close waits for the first (see backend.close)
-        except WrongEventLoopError:
-            if was_open:  # refused before its first await, so before anything changed
-                self._backend, self._closed = backend, None
-            raise
+        await backend.close()  # a second close waits for the first (see backend.close)
 
     def _interrupt(self) -> None:
         """Fail the SQLite statement running now, also while the store closes (the CLI's stop
@@ -671,7 +668,7 @@ class Store:
         backend = self._connected()
         if backend.read_only:
             self._writable("migrate")  # raises ReadOnlyStoreError, naming the method
-        applied = await backend.read(backend.migrate_op())
+        applied = await backend.read_withdrawable(backend.migrate_op())
         backend.unmigrated = None
         return applied
 

@@ -189,6 +189,28 @@ async def _cancel_a_claim_while_queued(
         await ahead
 
 
+async def test_a_migrate_cancelled_while_queued_never_runs(tmp_path: Path) -> None:
+    """migrate() cancelled while it waits behind another call for the store's thread is
+    withdrawn, as every write is: it ran all the same (a plain hop), applying the migrations of
+    a call its caller had cancelled. The next migrate() applies them."""
+    async with Store.connect(tmp_path / "fresh.db", migrate=False) as store:
+        backend = store._backend
+        assert backend is not None
+        gate = threading.Event()
+        occupied = _sqlite.on_thread(backend._conn, lambda: gate.wait(CALL_TIMEOUT))
+        try:
+            migrating = asyncio.ensure_future(store.migrate())
+            await asyncio.sleep(0)
+            migrating.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await migrating
+        finally:
+            gate.set()
+        await occupied
+        assert [m.version for m in await store.migration_status() if m.installed_on] == []
+        assert await store.migrate() != []
+
+
 class _HeldClaim:
     """Stops the store's claims on the worker thread, mid-transaction (a statement trace runs
     before each statement), until ``gate`` is set."""

@@ -97,6 +97,52 @@ async def test_calls_from_another_threads_loop_are_refused_and_change_nothing(ur
         assert await store.check() == []
 
 
+async def test_a_close_refused_from_another_loop_never_closes_the_store_meanwhile(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close() from another thread's loop is refused before it changes anything: it marked
+    the store closed while it built its refusal (the owner's calls meanwhile failed with
+    StoreClosedError, measured: most of 20,000), then marked it open again, which after the
+    owner's own close() left a closed store reading as open. Here the refusal is held until
+    the owner has looked."""
+    async with Store.connect(url) as store:
+        run = make_run()
+        await store.insert_run(run)
+        backend = store._backend
+        assert backend is not None
+        owner, refuse = asyncio.get_running_loop(), backend.refuse_foreign
+        inside, go = threading.Event(), threading.Event()
+
+        def held_refusal() -> None:
+            if asyncio.get_running_loop() is not owner:
+                inside.set()
+                go.wait(CALL_TIMEOUT)
+            refuse()
+
+        monkeypatch.setattr(backend, "refuse_foreign", held_refusal)
+        raised: list[BaseException] = []
+
+        def close_from_another_loop() -> None:
+            try:
+                asyncio.run(store.close())
+            except BaseException as exc:  # the test looks at it
+                raised.append(exc)
+
+        thread = threading.Thread(target=close_from_another_loop)
+        thread.start()
+        try:
+            assert await asyncio.to_thread(inside.wait, CALL_TIMEOUT)
+            assert not store.closed
+            assert await store.get_run(run.id) == run
+        finally:
+            go.set()
+            await asyncio.to_thread(thread.join)
+        assert [type(exc) for exc in raised] == [WrongEventLoopError]
+        assert not store.closed
+        assert await store.get_run(run.id) == run
+    assert store.closed
+
+
 async def test_a_batch_refused_from_another_loop_leaves_its_generator_unread(url: str) -> None:
     """A batch call from another loop (or on a closing store) is refused before its items are
     read: the caller's generator is as it was, for the retry through the store's own loop
