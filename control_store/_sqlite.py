@@ -299,7 +299,11 @@ INSERT_APPLIED: Final = (
     "(version, description, installed_on, success, checksum, execution_time) "
     "VALUES (?, ?, ?, 1, ?, ?)"
 )
-SELECT_TRACKING_EXISTS: Final = "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = ?"
+# What holds the migration history's name (a table, as made; a view or an index made by hand),
+# or nothing. Names are SQLite's: case-insensitive, shared by tables, views and indexes.
+SELECT_TRACKING_KIND: Final = (
+    "SELECT type FROM sqlite_schema WHERE name = ? COLLATE NOCASE AND type != 'trigger'"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -977,6 +981,13 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
                 "its directory exist and are writable, and that the disk is healthy, then retry"
             )
             error.retryable = True
+        elif str(exc) == "unsupported file format":  # a schema format past 4, say
+            error = ConfigurationError(
+                f"{database} is in a file format newer than this SQLite "
+                f"({sqlite3.sqlite_version}) reads [{detail}]: a newer SQLite made it; nothing "
+                "was changed: use a Python whose sqlite3 is built on a newer SQLite "
+                "(sqlite3.sqlite_version tells which one it has)"
+            )
         elif isinstance(exc, sqlite3.ProgrammingError) and "closed" in str(exc):
             error = StoreClosedError(f"the store for {database} is closed; connect again")
         elif missing := _SCHEMA_DAMAGE.match(str(exc)):
@@ -1045,6 +1056,26 @@ def tracking_damage(database: str, detail: object) -> MigrationError:
     )
 
 
+def _tracking_replaced(database: str, kind: str) -> MigrationError:
+    """The error for a view or an index standing under the migration history's name: read as
+    no history, it was told "its rows were deleted", and migrate() ran 0001 again."""
+    table = _migrate.TRACKING_TABLE
+    make = " ".join(CREATE_TRACKING_TABLE.split()).replace(" IF NOT EXISTS", "")
+    repair = (
+        f"if the view shows the history's rows, make them a table again: CREATE TABLE "
+        f"history_rows AS SELECT * FROM {table}; DROP VIEW {table}; {make}; INSERT INTO {table} "
+        "SELECT * FROM history_rows; DROP TABLE history_rows; else restore the database from a "
+        "backup"
+        if kind == "view"
+        else f"restore the database from a backup (DROP {kind.upper()} {table} frees the name, "
+        "but the history's rows are not in this file)"
+    )
+    return MigrationError(
+        f"{database} has a {kind} named {table} where this release keeps its migration "
+        f"history, a table (made by hand, or by a tool); nothing was done: {repair}"
+    )
+
+
 _TRACKING_REPAIR: Final = (
     "rename a renamed column back; put a dropped execution_time back with ALTER TABLE "
     f"{_migrate.TRACKING_TABLE} ADD COLUMN execution_time INTEGER NOT NULL DEFAULT 0; for any "
@@ -1057,9 +1088,17 @@ def _ours(missing: re.Match[str]) -> bool:
     schema (else a trigger or view of the user's own names it)."""
     schema = [part for part in _expected_schema() if part.kind == "table"]
     if (column := missing.group("column")) is not None:
-        return any(column.lower() in part.column_names for part in schema)
+        # The rowid too, which the store's reads order by: a table remade WITHOUT ROWID lacks it
+        # (check() names the table).
+        return column.lower() in _ROWID_NAMES or any(
+            column.lower() in part.column_names for part in schema
+        )
     table = next(name for name in missing.group("table", "has", "view", "refers") if name)
     return table.lower() in {part.name for part in schema} | {_migrate.TRACKING_TABLE}
+
+
+# The names SQLite gives a table's rowid.
+_ROWID_NAMES: Final = frozenset({"rowid", "oid", "_rowid_"})
 
 
 def _too_big(detail: str, what: str = "a value of this call") -> InvalidInputError:
@@ -1423,7 +1462,7 @@ def configure(conn: sqlite3.Connection, *, path: str, options: Options, database
         # until the last connection closes (measured: 1 GiB). With a limit, it is cut back to
         # it each time the WAL restarts after a checkpoint.
         conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
-        _refuse_read_only(conn)
+        _refuse_read_only(conn, path=path, database=database)
 
 
 def _refuse_unfit(conn: sqlite3.Connection, database: str) -> None:
@@ -1487,7 +1526,7 @@ def _refuse_foreign_database(conn: sqlite3.Connection, database: str) -> None:
         )
 
 
-def _refuse_read_only(conn: sqlite3.Connection) -> None:
+def _refuse_read_only(conn: sqlite3.Connection, *, path: str, database: str) -> None:
     """Fail now if SQLite could open the file only for reading.
 
     SQLite silently falls back to a read-only connection when the file is write-protected, and
@@ -1495,13 +1534,32 @@ def _refuse_read_only(conn: sqlite3.Connection) -> None:
     would fail until the store is reconnected. Trying a write that is rolled back (no commit,
     no fsync) turns that into SQLITE_READONLY at connect, where retrying the call is the cure.
     """
-    conn.execute("BEGIN IMMEDIATE")
     try:
-        (version,) = conn.execute("PRAGMA user_version").fetchone()
-        conn.execute(f"PRAGMA user_version = {int(version)}")  # PRAGMA takes no parameters
-    finally:
-        if conn.in_transaction:  # an I/O error may already have ended it; keep that error
-            conn.execute("ROLLBACK")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            (version,) = conn.execute("PRAGMA user_version").fetchone()
+            conn.execute(f"PRAGMA user_version = {int(version)}")  # PRAGMA takes no parameters
+        finally:
+            if conn.in_transaction:  # an I/O error may already have ended it; keep that error
+                conn.execute("ROLLBACK")
+    except sqlite3.OperationalError as exc:
+        if getattr(exc, "sqlite_errorname", "") != "SQLITE_READONLY":
+            raise
+        # Not write-protected, maybe: a header whose write version is past 2 is a newer
+        # SQLite's file format, which SQLite opens read-only however writable the file is.
+        identity = _identity_if_there(path)
+        if identity is None or _held(identity, besides=conn):
+            raise
+        header = _header(path)
+        if len(header) < 20 or header[18] <= 2:
+            raise
+        raise ConfigurationError(
+            f"{database} is in a file format newer than this SQLite ({sqlite3.sqlite_version}) "
+            f"writes (its header's write version is {header[18]}; this SQLite writes 1 and 2), "
+            "so SQLite opens it read-only however writable the file is; nothing was changed: "
+            "read it with read_only=True (the control-store read commands do), or use a Python "
+            "whose sqlite3 is built on the newer SQLite that made it"
+        ) from exc
 
 
 def configure_read_only(
@@ -1633,12 +1691,17 @@ def _in_wal_mode(path: str, *, besides: sqlite3.Connection | None = None) -> boo
     identity = _identity_if_there(path)
     if identity is not None and _held(identity, besides=besides):
         return True
+    return _header(path)[18:20] == b"\x02\x02"
+
+
+def _header(path: str) -> bytes:
+    """The first 100 bytes of the file, SQLite's header (fewer, or none, where it cannot be
+    read). Only where no store of this process has it open (see _in_wal_mode)."""
     try:
         with open(path, "rb") as file:
-            header = file.read(20)
+            return file.read(100)
     except OSError:
-        return False
-    return header[18:20] == b"\x02\x02"
+        return b""
 
 
 def _locate(path: str) -> tuple[str, tuple[int, int], str]:
@@ -1698,8 +1761,11 @@ def _strip_comments(sql: str) -> str:
 
 
 def _read_applied(conn: sqlite3.Connection, *, database: str) -> list[_migrate.AppliedMigration]:
-    if conn.execute(SELECT_TRACKING_EXISTS, (_migrate.TRACKING_TABLE,)).fetchone() is None:
+    held = conn.execute(SELECT_TRACKING_KIND, (_migrate.TRACKING_TABLE,)).fetchone()
+    if held is None:
         return []
+    if held[0] != "table":
+        raise _tracking_replaced(database, str(held[0]))
     try:
         rows = _leniently(conn, lambda: conn.execute(SELECT_APPLIED).fetchall())
     except sqlite3.OperationalError as exc:  # a column dropped or renamed: check() cannot run
@@ -1721,7 +1787,7 @@ def _applied(
             version,
             version,
             "expected a migration's number, from 1",
-            fix=f"delete the row (DELETE FROM {table} WHERE version = {shown(version)}) if no "
+            fix=f"delete the row (DELETE FROM {table} WHERE {_matching('version', version)}) if no "
             "migration of that number was applied, or restore the database from a backup",
         )
     if type(description) is not str:
@@ -1737,6 +1803,20 @@ def _applied(
     column, value, why = bad
     fix = f"repair the row by hand ({_tracking_row(version)}) or restore the database from a backup"
     raise _codec.corrupt_row(table, column, version, value, why, fix)
+
+
+def _matching(column: str, value: object) -> str:
+    """The SQL condition that finds the stored ``value`` (any of SQLite's types) in
+    ``column``, for a repair given as SQL: a Python repr is no SQL literal (None, b'..')."""
+    if value is None:
+        return f"{column} IS NULL"
+    if type(value) is bytes:
+        return f"{column} = X'{value.hex()}'"
+    if type(value) is str:
+        return f"{column} = '{value.replace(chr(39), chr(39) * 2)}'"
+    if type(value) is float and not math.isfinite(value):
+        return f"{column} = {'-' if value < 0 else ''}9e999"  # SQLite's spelling of infinity
+    return f"{column} = {value!r}"
 
 
 def _tracking_row(version: int) -> str:
@@ -2536,10 +2616,14 @@ def _key_actions(row: Sequence[object]) -> str:
 def _column_text(column: tuple[object, ...]) -> str:
     """A column's definition as its CREATE TABLE would spell it."""
     _, kind, not_null, default, key = column
-    return (
-        f"{kind}{' PRIMARY KEY' if key else ''}{' NOT NULL' if not_null else ''}"
-        f"{f' DEFAULT {default}' if default is not None else ''}"
-    )
+    parts = [
+        str(kind),
+        "PRIMARY KEY" if key else "",
+        "NOT NULL" if not_null else "",
+        f"DEFAULT {default}" if default is not None else "",
+        "" if kind else "(no type)",
+    ]
+    return " ".join(part for part in parts if part)
 
 
 def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], None]) -> bool:

@@ -1564,3 +1564,13 @@ async def test_check_ends_its_integrity_snapshot_before_it_reads_the_rows(db_pat
     assert "COMMIT" in between, between
     assert "BEGIN" in between, between
     assert between.index("COMMIT") < between.index("BEGIN"), between
+
+
+async def test_a_column_rebuilt_with_no_type_is_told_without_a_gap(db_path: Path) -> None:
+    """A column rebuilt with no type is told as "NOT NULL (no type)" (it read "is  NOT NULL")."""
+    messages = await _jobs_rebuilt(
+        db_path, lambda sql: sql.replace("spec     TEXT    NOT NULL", "spec NOT NULL")
+    )
+    assert messages[0].startswith(
+        "column jobs.spec is NOT NULL (no type), not TEXT NOT NULL as this release made it"
+    ), messages

@@ -496,6 +496,35 @@ async def test_a_file_sqlite_could_not_create_is_refused_saying_why(tmp_path: Pa
         assert await store.list_runs() == []
 
 
+async def test_a_file_format_newer_than_this_sqlites_is_named(db_path: Path) -> None:
+    """A header a newer SQLite would write: a write version past 2 (SQLite opens such a file
+    read-only, however writable: it was told to make the file writable and retry), or a schema
+    format past 4 (it said only "failed: unsupported file format"). Each is a
+    ConfigurationError naming the format and the fix; the file is left as it was, and the
+    first still reads read-only."""
+    async with Store.connect(db_path) as store:
+        run = make_run()
+        await store.insert_run(run)
+    for offset, value, words in (
+        (18, 3, "newer than this SQLite (3."),
+        (47, 5, "newer than this SQLite ("),
+    ):
+        copy = db_path.with_name(f"format-{offset}.db")
+        copy.write_bytes(db_path.read_bytes())  # closed: no -wal beside it
+        with copy.open("r+b") as file:
+            file.seek(offset)
+            file.write(bytes([value]))
+        before = copy.read_bytes()
+        with pytest.raises(ConfigurationError) as caught:
+            await Store.connect(copy)
+        assert words in str(caught.value)
+        assert ("writes (its header's write version is 3" in str(caught.value)) == (offset == 18)
+        assert "then retry" not in str(caught.value)
+        assert copy.read_bytes() == before
+    async with Store.connect(db_path.with_name("format-18.db"), read_only=True) as reader:
+        assert await reader.list_runs() == [run]
+
+
 @pytest.mark.parametrize("migrate", [True, False])
 async def test_another_applications_database_is_refused_and_left_untouched(
     tmp_path: Path, migrate: bool

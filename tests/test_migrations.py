@@ -163,6 +163,67 @@ async def test_a_hand_edited_tracking_row_is_named_with_its_repair(
     assert db_path.read_bytes() == before
 
 
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [
+        ("NULL", "version IS NULL"),
+        ("x'00ff'", "version = X'00ff'"),
+        ("'tw''o'", "version = 'tw''o'"),
+    ],
+)
+async def test_a_tracking_rows_version_of_any_type_gets_a_delete_that_works(
+    db_path: Path, value: str, where: str
+) -> None:
+    """A history rebuilt by hand without its INTEGER PRIMARY KEY can hold a version that is
+    NULL, a blob or text: the repair's DELETE names it in SQL (it gave "version = None" or
+    "b'...'", Python's repr, which SQLite refuses), and followed as written it deletes that
+    row alone."""
+    with raw_db(db_path) as conn:
+        conn.executescript(
+            f"""
+            ALTER TABLE {TRACKING} RENAME TO history_before;
+            CREATE TABLE {TRACKING} (version, description TEXT NOT NULL, installed_on TEXT NOT
+                NULL, success INTEGER NOT NULL, checksum BLOB NOT NULL, execution_time INTEGER
+                NOT NULL);
+            INSERT INTO {TRACKING} SELECT * FROM history_before;
+            DROP TABLE history_before;
+            INSERT INTO {TRACKING} VALUES ({value}, 'x', 'y', 1, x'00', 0);
+            """
+        )
+    with pytest.raises(CorruptRowError) as caught:
+        await Store.connect(db_path)
+    assert f"(DELETE FROM {TRACKING} WHERE {where})" in str(caught.value)
+    follow_advice(db_path, caught.value, r"delete the row \((DELETE FROM .*?)\) if no")
+    with raw_db(db_path) as conn:
+        assert conn.execute(f"SELECT count(*) FROM {TRACKING}").fetchone() == (len(SHIPPED),)
+
+
+async def test_a_view_standing_for_the_history_is_named_and_its_repair_works(
+    db_path: Path,
+) -> None:
+    """The history table renamed and a view of its rows put under its name: read as no
+    history at all, connect ran migration 0001 again ("table runs already exists") and the CLI
+    said the history's rows were deleted. A MigrationError names the view; its repair, made as
+    written, gives back a history connect takes, with nothing to find."""
+    with raw_db(db_path) as conn:
+        conn.executescript(
+            f"ALTER TABLE {TRACKING} RENAME TO kept; CREATE VIEW {TRACKING} AS SELECT * FROM kept"
+        )
+    with pytest.raises(MigrationError) as caught:
+        await Store.connect(db_path)
+    assert f"has a view named {TRACKING} where this release keeps its migration" in str(
+        caught.value
+    )
+    repair = re.search(r"make them a table again: (.*?); else restore", str(caught.value))
+    assert repair is not None
+    with raw_db(db_path) as conn:
+        conn.executescript(repair[1])
+    async with Store.connect(db_path) as store:
+        states = await store.migration_status()
+        assert [s.version for s in states if s.installed_on] == [v for v, _ in SHIPPED]
+        assert await store.check() == []
+
+
 @pytest.mark.parametrize("edit", ["DROP COLUMN success", "RENAME COLUMN checksum TO digest"])
 async def test_a_tracking_table_missing_a_column_gives_its_repair(db_path: Path, edit: str) -> None:
     """A column of the tracking table dropped or renamed by hand: connect cannot read which
