@@ -99,6 +99,17 @@ JOB_COLUMNS: Final = "id, run_id, spec, status, attempt, outcome"
 
 
 _TZINFO: Final = datetime.tzinfo.__get__  # a datetime's own tzinfo, whatever a subclass says
+_FOLD: Final = datetime.fold.__get__
+# A datetime's own fields, as its constructor takes them.
+_DATETIME_FIELDS: Final = (
+    datetime.year,
+    datetime.month,
+    datetime.day,
+    datetime.hour,
+    datetime.minute,
+    datetime.second,
+    datetime.microsecond,
+)
 
 
 _astuple: Final = msgspec.structs.astuple
@@ -132,6 +143,16 @@ def format_timestamp(value: datetime, *, what: str) -> str:
     zone = _TZINFO(value)
     if zone is UTC:  # the common case (utc_now()), no offset arithmetic
         return datetime.isoformat(value, timespec="microseconds")[:-6] + "Z"
+    if type(value) is not datetime:
+        # A plain copy, made from datetime's own fields: the conversion below makes new
+        # datetimes of the value's own type, whose constructor a subclass may have made raise
+        # (which was reported as its time zone raising).
+        year, month, day, hour, minute, second, micro = (
+            field.__get__(value) for field in _DATETIME_FIELDS
+        )
+        value = datetime(
+            year, month, day, hour, minute, second, micro, tzinfo=zone, fold=_FOLD(value)
+        )
     try:
         # The caller's tzinfo runs here: its utcoffset() may raise, or return what is no
         # timedelta.

@@ -275,6 +275,19 @@ class _ZoneClaimingTime(datetime):
     tzinfo = property(lambda self: UTC)
 
 
+class _OneOffTime(datetime):
+    """A datetime subclass that can be made once: a conversion making another of its type
+    (astimezone does) raises."""
+
+    made = False
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> _OneOffTime:
+        if cls.made:
+            raise RuntimeError("no second instance")
+        cls.made = True
+        return super().__new__(cls, *args, **kwargs)
+
+
 class _ShiftyOutcome(JobOutcome, frozen=True):
     """An outcome whose job_id names one job at first and another from its third read on."""
 
@@ -323,6 +336,13 @@ async def test_each_field_of_a_call_is_read_once_and_by_its_own_class(store: Sto
     stored = await store.get_run(aware.id)
     assert stored is not None
     assert stored.created_at == datetime(2026, 1, 1, 7, tzinfo=UTC)  # the instant, in UTC
+    # Converted as a plain datetime: it was refused as "its time zone raised".
+    _OneOffTime.made = False
+    once = Run("m", ["a"], 1, 1, created_at=_OneOffTime(2026, 1, 1, 12, tzinfo=plus_five))
+    await store.insert_run(once)
+    stored = await store.get_run(once.id)
+    assert stored is not None
+    assert stored.created_at == datetime(2026, 1, 1, 7, tzinfo=UTC)
 
     run = make_run(2)
     first, second = make_jobs(run, 2)
