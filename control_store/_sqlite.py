@@ -759,13 +759,14 @@ def _check_sidecars(path: str, target: str, name: str) -> None:
         # Read locks: every connection in WAL mode holds one on the file while it has it open.
         # A write lock there is a connection in locking_mode=EXCLUSIVE, which keeps its index
         # in its own memory, no -shm at all (SQLite then says the file is busy), or the last
-        # to close, about to delete both files.
-        holding = _lock_holders(identity[1], reading=True)
+        # to close, about to delete both files. The header is read last, once a reader is
+        # seen (a rollback-journal file's readers need neither file).
+        holding = _sqlite_readers(identity)
         missing = [s for s in missing if not os.path.lexists(f"{target}{s}")]
-        if holding is None or not missing or not _in_wal_mode(path):
+        if holding is None or not missing:
             return
         others = holding - {os.getpid()}
-        if not others:
+        if not others or not _in_wal_mode(path):
             return
     files = " and ".join(repr(f"{target}{suffix}") for suffix in missing)
     holders = (
@@ -793,24 +794,57 @@ _SIDECAR_LOOKS: Final = 6
 _SIDECAR_PAUSE: Final = 0.02
 
 
-def _lock_holders(inode: int, *, reading: bool = False) -> set[int] | None:
-    """The processes holding (or waiting for) a lock on the file of ``inode``, per Linux's
+def _lock_holders(inode: int) -> set[int] | None:
+    """The processes holding (or waiting for) any lock on the file of ``inode``, per Linux's
     /proc/locks (-1 stands for an open file description's lock, whose owner it does not
-    show); ``reading``: read (shared) locks only. None where /proc/locks cannot be read.
+    show); None where /proc/locks cannot be read.
 
     By inode number alone, on any device: /proc/locks prints the device of the inode's
     superblock, which is not stat()'s st_dev on btrfs (a subvolume's anonymous device) nor on
     an overlayfs over more than one file system. Another file of that number locked elsewhere
-    only makes a caller see the file in use."""
-    try:
-        with open("/proc/locks", encoding="ascii") as locks:  # a procfs file: no POSIX locks
-            held = locks.read()
-    except OSError:
+    only makes a caller see the file in use: fit for a check whose error is a refusal to make
+    a new -shm (_stale_sidecars), not for one that refuses a connect (_sqlite_readers)."""
+    held = _proc_locks()
+    if held is None:
         return None
     found = re.findall(
-        rf"^\d+: (?:-> )?\S+\s+\S+\s+(\S+)\s+(-?\d+) [0-9a-f]+:[0-9a-f]+:{inode} ", held, re.M
+        rf"^\d+: (?:-> )?\S+\s+\S+\s+\S+\s+(-?\d+) [0-9a-f]+:[0-9a-f]+:{inode} ", held, re.M
     )
-    return {int(pid) for mode, pid in found if not reading or mode == "READ"}
+    return {int(pid) for pid in found}
+
+
+def _sqlite_readers(identity: tuple[int, int]) -> set[int] | None:
+    """The processes holding SQLite's shared lock on the database file ``identity`` (device,
+    inode), per /proc/locks: a POSIX read lock on the bytes SQLite's unix VFS locks for it
+    (SHARED_FIRST to SHARED_FIRST + SHARED_SIZE - 1). Every connection in WAL mode holds it
+    while it has the file open. Only that lock, on that device: a shared flock(1) on the file,
+    or an SQLite file of the same inode number on another device, is none (a file system whose
+    /proc/locks device differs from stat()'s, btrfs say, then shows no reader at all). None
+    where /proc/locks cannot be read."""
+    held = _proc_locks()
+    if held is None:
+        return None
+    device, inode = identity
+    where = f"{os.major(device):02x}:{os.minor(device):02x}:{inode}"
+    found = re.findall(
+        rf"^\d+: POSIX\s+\S+\s+READ\s+(\d+) {where} {_SHARED_FIRST} {_SHARED_LAST}$", held, re.M
+    )
+    return {int(pid) for pid in found}
+
+
+# The bytes of a database file SQLite's unix VFS read-locks for a shared lock (sqlite3.c:
+# PENDING_BYTE 0x40000000, SHARED_FIRST PENDING_BYTE + 2, SHARED_SIZE 510).
+_SHARED_FIRST: Final = 0x40000002
+_SHARED_LAST: Final = _SHARED_FIRST + 510 - 1
+
+
+def _proc_locks() -> str | None:
+    """Linux's table of file locks, or None where there is none to read."""
+    try:
+        with open("/proc/locks", encoding="ascii") as locks:  # a procfs file: no POSIX locks
+            return locks.read()
+    except OSError:
+        return None
 
 
 def _check_new_file(path: str, name: str) -> None:
@@ -1696,12 +1730,32 @@ def _in_wal_mode(path: str, *, besides: sqlite3.Connection | None = None) -> boo
 
 def _header(path: str) -> bytes:
     """The first 100 bytes of the file, SQLite's header (fewer, or none, where it cannot be
-    read). Only where no store of this process has it open (see _in_wal_mode)."""
+    read). Through a descriptor this process has open on the file already, where there is one
+    (an sqlite3 connection of the caller's own): opening and closing one of ours would drop
+    every POSIX lock this process holds on the file, that connection's too."""
+    identity = _identity_if_there(path)
+    if identity is not None:
+        for fd in _descriptors_of(identity):
+            with contextlib.suppress(OSError):
+                return os.pread(fd, 100, 0)
     try:
         with open(path, "rb") as file:
             return file.read(100)
     except OSError:
         return b""
+
+
+def _descriptors_of(identity: tuple[int, int]) -> list[int]:
+    """This process's open descriptors of the file ``identity`` (Linux's /proc/self/fd; none
+    found elsewhere)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError, ValueError):
+                st = os.stat(int(name))
+                if (st.st_dev, st.st_ino) == identity and stat.S_ISREG(st.st_mode):
+                    found.append(int(name))
+    return found
 
 
 def _locate(path: str) -> tuple[str, tuple[int, int], str]:
@@ -2889,8 +2943,8 @@ _TABLE_CONSTRAINT: Final = frozenset({"CONSTRAINT", "PRIMARY", "UNIQUE", "CHECK"
 
 
 def _name(token: str) -> str:
-    """A name as SQLite reads it, quoted ("x", `x`, [x]) or bare, in lower case."""
-    if token[:1] in '"`':
+    """A name as SQLite reads it, quoted ("x", `x`, [x], 'x') or bare, in lower case."""
+    if token[:1] in "\"`'":  # 'x' too: SQLite takes a string where a name is expected
         return token[1:-1].replace(token[0] * 2, token[0]).lower()
     if token[:1] == "[":
         return token[1:-1].lower()
@@ -2907,19 +2961,19 @@ def _collations(sql: str) -> dict[str, str]:
     for piece in _TOKEN.findall(sql):
         if piece.startswith(("--", "/*")):
             continue
-        if piece == ")":
+        if piece == "(":
+            depth += 1
+        elif piece == ")":
             depth -= 1
-        if depth == 1 and piece in (",", ")"):
+        if depth == 1 and piece not in ("(", ")", ","):
+            item.append(piece)  # a word of the item's own, not one inside its parentheses
+        elif (depth == 1 and piece == ",") or (depth == 0 and piece == ")"):
             if item and item[0].upper() not in _TABLE_CONSTRAINT:
                 after = [i + 1 for i, word in enumerate(item[:-1]) if word.upper() == "COLLATE"]
                 collations[_name(item[0])] = _name(item[after[-1]]).upper() if after else "BINARY"
             item = []
-        elif depth == 1:
-            item.append(piece)
-        if piece == "(":
-            depth += 1
-        if depth == 0 and piece == ")":
-            break
+            if depth == 0:
+                break
     return collations
 
 

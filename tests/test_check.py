@@ -299,12 +299,25 @@ async def test_a_column_rebuilt_with_another_collation_is_named_not_its_index(
     )
     assert "the indexes keying it (idx_jobs_run)" in messages[0]
     assert "restore the database from a backup (without one, make it again" in messages[0]
+    # After a constraint in parentheses too (it was read as the end of the column).
+    after = await _jobs_rebuilt(
+        db_path.with_name("after.db"),
+        lambda sql: sql.replace(
+            "run_id   TEXT    NOT NULL",
+            "run_id TEXT NOT NULL CHECK (length(run_id) IN (36, (36))) COLLATE NOCASE",
+        ),
+    )
+    assert len(after) == 1, after
+    assert after[0].startswith("column jobs.run_id is made COLLATE NOCASE, not BINARY")
     quiet = await _jobs_rebuilt(
         db_path.with_name("quiet.db"),
         lambda sql: sql.replace(
             "spec     TEXT    NOT NULL",
             "spec TEXT NOT NULL COLLATE Binary -- collate nocase\n CHECK (spec COLLATE rtrim"
             " != 'collate nocase') /* COLLATE NOCASE */",
+        ).replace(
+            "status   TEXT    NOT NULL DEFAULT 'queued'",
+            "status TEXT NOT NULL DEFAULT 'queued' COLLATE 'BINARY'",
         ),
     )
     assert quiet == []

@@ -711,6 +711,66 @@ async def test_a_process_holding_the_file_exclusively_is_busy_not_a_deleted_shm(
         assert len(await store.list_runs()) == 1
 
 
+async def test_a_connect_keeps_the_locks_of_this_processs_own_sqlite3_connection(
+    tmp_path: Path,
+) -> None:
+    """A plain sqlite3 connection of the caller's holds a read transaction on a file that has
+    no -wal or -shm (a rollback-journal database): a connect to it (refused here: it is no
+    control_store database) never opens and closes the file itself, which dropped that
+    connection's lock, and another process then wrote under its open read transaction."""
+    path = tmp_path / "theirs.db"
+    mine = sqlite3.connect(path, isolation_level=None)
+    try:
+        mine.execute("CREATE TABLE t (x)")
+        mine.execute("INSERT INTO t VALUES (1)")
+        mine.execute("BEGIN")
+        assert mine.execute("SELECT x FROM t").fetchall() == [(1,)]
+        with pytest.raises(ConfigurationError, match="not a control_store database"):
+            await Store.connect(path)
+        writer = (
+            "import sqlite3, sys; conn = sqlite3.connect(sys.argv[1], timeout=0.2); "
+            "conn.execute('UPDATE t SET x = 2'); conn.commit()"
+        )
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", writer, str(path), stderr=asyncio.subprocess.PIPE
+        )
+        _, err = await asyncio.wait_for(process.communicate(), CALL_TIMEOUT)
+        assert process.returncode != 0  # the read transaction's lock held it off
+        assert b"database is locked" in err
+        assert mine.execute("SELECT x FROM t").fetchall() == [(1,)]
+    finally:
+        mine.close()
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="reads /proc/locks")
+async def test_a_shared_flock_on_a_closed_database_is_no_store_holding_it(db_path: Path) -> None:
+    """Another process holds a shared flock(2) on a database closed cleanly (no -wal, no
+    -shm): that is no SQLite connection, and a connect works (it was refused as a -wal and -shm
+    deleted under a running store)."""
+    async with Store.connect(db_path) as store:
+        await store.insert_run(make_run())
+    assert not Path(f"{db_path}-shm").exists()
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "import fcntl, sys; f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_SH); "
+        "print('ready', flush=True); sys.stdin.readline()",
+        str(db_path),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert holder.stdin is not None
+    assert holder.stdout is not None
+    try:
+        assert await asyncio.wait_for(holder.stdout.readline(), CALL_TIMEOUT) == b"ready\n"
+        async with Store.connect(db_path) as store:
+            assert len(await store.list_runs()) == 1
+    finally:
+        holder.stdin.write(b"\n")
+        await holder.stdin.drain()
+        assert await asyncio.wait_for(holder.wait(), CALL_TIMEOUT) == 0
+
+
 async def test_a_file_another_process_creates_meanwhile_is_opened(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
