@@ -719,9 +719,12 @@ def _check_place(path: str, name: str, *, creates: bool) -> None:
     target = os.path.realpath(path)
     for suffix, which in (("", "it"), ("-wal", "its -wal file"), ("-shm", "its -shm file")):
         place = path if not suffix else f"{target}{suffix}"
-        if os.path.exists(place) and not os.access(
+        # Existence asked after the refusal: a -wal or -shm the last store to close deleted
+        # between the two questions is gone, not unreadable (a review saw 1 connect in ~500
+        # refused so, beside another process connecting and closing in a loop).
+        if not os.access(
             place, os.R_OK, effective_ids=os.access in os.supports_effective_ids
-        ):
+        ) and os.path.exists(place):
             also = (
                 "and writable, to write to it" if not suffix else "and writable: SQLite writes it"
             )
@@ -745,8 +748,16 @@ def _check_sidecars(path: str, target: str, name: str) -> None:
     A store of this process on the file shares its -shm with this one (SQLite keys it by the
     file): nothing is made anew. Told by /proc/locks, as _stale_sidecars tells it; where that
     cannot be read, nothing is refused (a database closed cleanly has neither file)."""
-    missing = [suffix for suffix in ("-wal", "-shm") if not os.path.lexists(f"{target}{suffix}")]
     identity = _identity_if_there(path)
+    if identity is not None and (names := _held_as(identity)) and target not in names:
+        raise ConfigurationError(
+            f"cannot open {name}: a store of this process has the same file open under another "
+            f"name, {sorted(names)[0]!r} (a hard link): SQLite names the -wal after the name "
+            "opened, so the two stores would keep two logs of one file, and read its pages "
+            "wrong (SQLITE_IOERR_SHORT_READ, measured); nothing was opened: connect with the "
+            "name the open store uses"
+        )
+    missing = [suffix for suffix in ("-wal", "-shm") if not os.path.lexists(f"{target}{suffix}")]
     if not missing or identity is None or _held(identity):
         return
     # A connection opening the file, or closing it last, holds its lock on the file for a
@@ -782,8 +793,10 @@ def _check_sidecars(path: str, target: str, name: str) -> None:
     )
     raise ConfigurationError(
         f"cannot open {name}: {files} {'are' if len(missing) > 1 else 'is'} missing while "
-        f"{holders} the database open: deleted or moved under a running store; "
-        f"nothing was opened ({lost}): put a moved file back, else close that process's store "
+        f"{holders} the database open: deleted or moved under a running store, or that "
+        "process has the file open under another name (a hard link: SQLite names the -wal and "
+        f"-shm after the name opened); nothing was opened ({lost}): put a moved file back, or "
+        "connect with the name that process uses; else close that process's store "
         "with await store.close() (the last store to close keeps every write it acknowledged), "
         "close every other store on the file, and connect again"
     )
@@ -1156,7 +1169,7 @@ def _outcome_too_big(
         return None
     what = (
         f"{where}the outcome of job {job_id}, {len(outcome_json):,} characters as stored (its "
-        "output, error and score as JSON),"
+        "output, error and score as JSON; as many bytes or more in UTF-8),"
     )
     return _too_big(detail, what)
 
@@ -1257,13 +1270,19 @@ _CONNECTING: Final[set[object]] = set()
 # of the file drops all of this process's SQLite's locks on it, so the library never opens
 # such a file itself (see _in_wal_mode). A fork()ed child's copy names its parent's
 # connections, but a child forked while any was open connects no store (_Process.forked_from).
-_FILES: Final[dict[sqlite3.Connection, tuple[int, int]]] = {}
+# With each, the name SQLite gives its -wal and -shm after (the path, symlinks resolved).
+_FILES: Final[dict[sqlite3.Connection, tuple[tuple[int, int], str]]] = {}
 
 
 def _held(identity: tuple[int, int], *, besides: sqlite3.Connection | None = None) -> bool:
     """Whether a store's connection has the file ``identity`` open; ``besides``, a connection
     not to count (the one whose connect asks)."""
-    return any(file == identity and raw is not besides for raw, file in list(_FILES.items()))
+    return any(file == identity and raw is not besides for raw, (file, _) in list(_FILES.items()))
+
+
+def _held_as(identity: tuple[int, int]) -> set[str]:
+    """The names (as _FILES holds them) under which this process's stores have ``identity``."""
+    return {name for file, name in list(_FILES.values()) if file == identity}
 
 
 class Opening(NamedTuple):
@@ -1307,8 +1326,8 @@ def open_on_worker(
         finally:
             _CONNECTING.discard(token)
         identity = None if path is None else _identity_if_there(path)
-        if identity is not None:
-            _FILES[raw] = identity
+        if identity is not None and path is not None:
+            _FILES[raw] = (identity, os.path.realpath(path))
         made.append(raw)
         return raw
 
@@ -1464,6 +1483,16 @@ def configure(conn: sqlite3.Connection, *, path: str, options: Options, database
     Before any change, a file that is another application's database is refused, and so is a
     migration history that migrating would refuse.
     """
+    try:
+        _configure(conn, path=path, options=options, database=database)
+    except sqlite3.OperationalError as exc:
+        newer = None if path == MEMORY else _newer_format(exc, path=path, database=database)
+        if newer is None:
+            raise
+        raise newer from exc
+
+
+def _configure(conn: sqlite3.Connection, *, path: str, options: Options, database: str) -> None:
     conn.execute(f"PRAGMA busy_timeout = {_milliseconds(options.busy_timeout)}")
     conn.execute("PRAGMA foreign_keys = ON")
     if path != MEMORY:
@@ -1496,7 +1525,7 @@ def configure(conn: sqlite3.Connection, *, path: str, options: Options, database
         # until the last connection closes (measured: 1 GiB). With a limit, it is cut back to
         # it each time the WAL restarts after a checkpoint.
         conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
-        _refuse_read_only(conn, path=path, database=database)
+        _refuse_read_only(conn)
 
 
 def _refuse_unfit(conn: sqlite3.Connection, database: str) -> None:
@@ -1560,7 +1589,7 @@ def _refuse_foreign_database(conn: sqlite3.Connection, database: str) -> None:
         )
 
 
-def _refuse_read_only(conn: sqlite3.Connection, *, path: str, database: str) -> None:
+def _refuse_read_only(conn: sqlite3.Connection) -> None:
     """Fail now if SQLite could open the file only for reading.
 
     SQLite silently falls back to a read-only connection when the file is write-protected, and
@@ -1568,32 +1597,31 @@ def _refuse_read_only(conn: sqlite3.Connection, *, path: str, database: str) -> 
     would fail until the store is reconnected. Trying a write that is rolled back (no commit,
     no fsync) turns that into SQLITE_READONLY at connect, where retrying the call is the cure.
     """
+    conn.execute("BEGIN IMMEDIATE")
     try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            (version,) = conn.execute("PRAGMA user_version").fetchone()
-            conn.execute(f"PRAGMA user_version = {int(version)}")  # PRAGMA takes no parameters
-        finally:
-            if conn.in_transaction:  # an I/O error may already have ended it; keep that error
-                conn.execute("ROLLBACK")
-    except sqlite3.OperationalError as exc:
-        if getattr(exc, "sqlite_errorname", "") != "SQLITE_READONLY":
-            raise
-        # Not write-protected, maybe: a header whose write version is past 2 is a newer
-        # SQLite's file format, which SQLite opens read-only however writable the file is.
-        identity = _identity_if_there(path)
-        if identity is None or _held(identity, besides=conn):
-            raise
-        header = _header(path)
-        if len(header) < 20 or header[18] <= 2:
-            raise
-        raise ConfigurationError(
-            f"{database} is in a file format newer than this SQLite ({sqlite3.sqlite_version}) "
-            f"writes (its header's write version is {header[18]}; this SQLite writes 1 and 2), "
-            "so SQLite opens it read-only however writable the file is; nothing was changed: "
-            "read it with read_only=True (the control-store read commands do), or use a Python "
-            "whose sqlite3 is built on the newer SQLite that made it"
-        ) from exc
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        conn.execute(f"PRAGMA user_version = {int(version)}")  # PRAGMA takes no parameters
+    finally:
+        if conn.in_transaction:  # an I/O error may already have ended it; keep that error
+            conn.execute("ROLLBACK")
+
+
+def _newer_format(exc: sqlite3.Error, *, path: str, database: str) -> ConfigurationError | None:
+    """The error for a file SQLite opened read-only, however writable, because its header's
+    write version is past 2 (a newer SQLite's file format); None for any other failure (a
+    write-protected file: translate explains it)."""
+    if getattr(exc, "sqlite_errorname", "") != "SQLITE_READONLY":
+        return None
+    header = _header(path)
+    if len(header) < 20 or header[18] <= 2:
+        return None
+    return ConfigurationError(
+        f"{database} is in a file format newer than this SQLite ({sqlite3.sqlite_version}) "
+        f"writes (its header's write version is {header[18]}; this SQLite writes 1 and 2), so "
+        "SQLite opens it read-only however writable the file is; nothing was changed: read it "
+        "with read_only=True (the control-store read commands do), or use a Python whose "
+        "sqlite3 is built on the newer SQLite that made it"
+    )
 
 
 def configure_read_only(
@@ -1864,8 +1892,8 @@ def _matching(column: str, value: object) -> str:
     ``column``, for a repair given as SQL: a Python repr is no SQL literal (None, b'..')."""
     if value is None:
         return f"{column} IS NULL"
-    if type(value) is bytes:
-        return f"{column} = X'{value.hex()}'"
+    if type(value) is bytes:  # a blob, or text that is no UTF-8 (read leniently as its bytes)
+        return f"CAST({column} AS BLOB) = X'{value.hex()}'"
     if type(value) is str:
         return f"{column} = '{value.replace(chr(39), chr(39) * 2)}'"
     if type(value) is float and not math.isfinite(value):
@@ -2884,11 +2912,15 @@ def _schema_sound(conn: sqlite3.Connection, found: Callable[[str, object, str], 
             )
         # A foreign key on one of this release's columns that it does not make (one on a column
         # of the user's own is theirs): every write of a value it finds no row for is refused.
-        made_keys: set[object] = {key[0] for key in part.keys} | damaged.get(part.name, set())
+        # Columns whose key this release made is missing: a key of theirs was told above (as
+        # the one they refer to instead), or they are to be renamed back.
+        told: set[object] = {key[0] for key in part.keys if key not in keys}
+        told |= damaged.get(part.name, set())
         for other in keys:
-            if other[0] not in part.column_names or other[0] in made_keys:
+            if other[0] not in part.column_names or other in part.keys or other[0] in told:
                 continue
             target = other[1] if other[2] == "none" else f"{other[1]}({other[2]})"
+            target += f" {other[3]}" if other[3] else ""  # its actions, ON DELETE CASCADE say
             report(
                 f"column {part.name}.{other[0]} refers to {target}, a foreign key this "
                 "release's schema does not make (a table rebuilt by hand): a write of a "

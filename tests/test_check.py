@@ -354,6 +354,18 @@ async def test_a_foreign_key_added_to_one_of_the_schemas_columns_is_named(db_pat
         )
         assert f"(its run {run.id} exists)" in str(caught.value)
         assert await store.list_jobs(run.id) == []
+    # A second key on a column that has this release's: it was no finding.
+    second = await _jobs_rebuilt(
+        db_path.with_name("second.db"),
+        lambda sql: sql.replace(
+            "outcome  TEXT",
+            "outcome TEXT, FOREIGN KEY (run_id) REFERENCES runs (id) ON DELETE CASCADE",
+        ),
+    )
+    assert len(second) == 1, second
+    assert second[0].startswith(
+        "column jobs.run_id refers to runs(id) ON DELETE CASCADE, a foreign key this release's"
+    )
 
 
 async def test_a_write_refused_by_a_check_constraint_of_the_users_says_so(db_path: Path) -> None:

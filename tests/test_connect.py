@@ -505,23 +505,26 @@ async def test_a_file_format_newer_than_this_sqlites_is_named(db_path: Path) -> 
     async with Store.connect(db_path) as store:
         run = make_run()
         await store.insert_run(run)
-    for offset, value, words in (
-        (18, 3, "newer than this SQLite (3."),
-        (47, 5, "newer than this SQLite ("),
+    # Write and read versions 3 and 2 (WAL), 3 and 1 (a rollback journal: refused as it
+    # switched to WAL); schema format 5.
+    for offset, value, writes in (
+        (18, b"\x03\x02", True),
+        (18, b"\x03\x01", True),
+        (47, b"\x05", False),
     ):
-        copy = db_path.with_name(f"format-{offset}.db")
+        copy = db_path.with_name(f"format-{offset}-{value.hex()}.db")
         copy.write_bytes(db_path.read_bytes())  # closed: no -wal beside it
         with copy.open("r+b") as file:
             file.seek(offset)
-            file.write(bytes([value]))
+            file.write(value)
         before = copy.read_bytes()
         with pytest.raises(ConfigurationError) as caught:
             await Store.connect(copy)
-        assert words in str(caught.value)
-        assert ("writes (its header's write version is 3" in str(caught.value)) == (offset == 18)
+        assert "is in a file format newer than this SQLite (" in str(caught.value)
+        assert ("writes (its header's write version is 3" in str(caught.value)) == writes
         assert "then retry" not in str(caught.value)
         assert copy.read_bytes() == before
-    async with Store.connect(db_path.with_name("format-18.db"), read_only=True) as reader:
+    async with Store.connect(db_path.with_name("format-18-0302.db"), read_only=True) as reader:
         assert await reader.list_runs() == [run]
 
 

@@ -16,6 +16,7 @@ import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -653,6 +654,7 @@ async def test_connecting_while_another_processs_wal_or_shm_is_gone_is_refused(
             await Store.connect(db_path)
         message = str(refused.value)
         assert f"'{db_path}{suffix}' is missing while process {holder.pid} has the" in message
+        assert "or that process has the file open under another name (a hard link" in message
         assert "close that process's store with await store.close()" in message
         assert not Path(f"{db_path}{suffix}").exists()  # nothing made anew
     finally:
@@ -769,6 +771,53 @@ async def test_a_shared_flock_on_a_closed_database_is_no_store_holding_it(db_pat
         holder.stdin.write(b"\n")
         await holder.stdin.drain()
         assert await asyncio.wait_for(holder.wait(), CALL_TIMEOUT) == 0
+
+
+async def test_a_hard_link_to_a_file_a_store_here_has_open_is_refused(db_path: Path) -> None:
+    """A second store of this process on another name of the same file (a hard link): SQLite
+    names the -wal after the name opened, and shares the -shm by the file, so the two kept two
+    logs of one file, and reads failed (SQLITE_IOERR_SHORT_READ). Refused, naming the open
+    name, read-only too; the open store goes on, and the same name connects."""
+    link = db_path.with_name("link.db")
+    os.link(db_path, link)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(make_run())
+        for read_only in (False, True):
+            with pytest.raises(ConfigurationError) as caught:
+                await Store.connect(link, read_only=read_only)
+            message = str(caught.value)
+            assert f"same file open under another name, '{db_path}' (a hard link)" in message
+            assert "connect with the name the open store uses" in message
+        async with Store.connect(db_path) as again:
+            assert len(await again.list_runs()) == 1
+        await store.insert_run(make_run())
+    await assert_sound(db_path)
+
+
+async def test_a_shm_deleted_while_connect_looks_at_it_is_gone_not_unreadable(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last store of another process closes, deleting the -wal and -shm, between a
+    connect's two looks at each (is it there, may this user read it): that is no unreadable
+    file (it was refused so, about once in 500 connects beside a process connecting and closing
+    in a loop), and the connect works."""
+    async with Store.connect(db_path) as store:
+        await store.insert_run(make_run())
+    async with Store.connect(db_path, read_only=True):
+        pass  # a read-only store leaves an empty -wal and a -shm behind
+    shm = Path(f"{db_path}-shm")
+    assert shm.exists()
+    asked = os.access
+
+    def closed_meanwhile(path: object, mode: int, **kwargs: Any) -> bool:
+        if str(path) == str(shm) and shm.exists():
+            shm.unlink()  # as the other process's last close does
+        return asked(path, mode, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "access", closed_meanwhile)
+    async with Store.connect(db_path) as store:
+        monkeypatch.undo()
+        assert len(await store.list_runs()) == 1
 
 
 async def test_a_file_another_process_creates_meanwhile_is_opened(

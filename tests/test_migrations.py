@@ -167,7 +167,8 @@ async def test_a_hand_edited_tracking_row_is_named_with_its_repair(
     ("value", "where"),
     [
         ("NULL", "version IS NULL"),
-        ("x'00ff'", "version = X'00ff'"),
+        ("x'00ff'", "CAST(version AS BLOB) = X'00ff'"),
+        ("CAST(x'ff41' AS TEXT)", "CAST(version AS BLOB) = X'ff41'"),  # no UTF-8: read as bytes
         ("'tw''o'", "version = 'tw''o'"),
     ],
 )
@@ -175,9 +176,9 @@ async def test_a_tracking_rows_version_of_any_type_gets_a_delete_that_works(
     db_path: Path, value: str, where: str
 ) -> None:
     """A history rebuilt by hand without its INTEGER PRIMARY KEY can hold a version that is
-    NULL, a blob or text: the repair's DELETE names it in SQL (it gave "version = None" or
-    "b'...'", Python's repr, which SQLite refuses), and followed as written it deletes that
-    row alone."""
+    NULL, a blob or text (UTF-8 or not): the repair's DELETE names it in SQL (it gave "version =
+    None" or "b'...'", Python's repr, which SQLite refuses), and followed as written it deletes
+    that row alone."""
     with raw_db(db_path) as conn:
         conn.executescript(
             f"""
