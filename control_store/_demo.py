@@ -416,6 +416,15 @@ class FleetResult:
     reports: list[ProcessReport]
     exit_codes: list[int | None]
 
+    @property
+    def clean(self) -> bool:
+        """Whether every scheduler process exited 0 and reported no error: the fleet did its
+        work (a process killed by a signal, a stop sent to the whole process group, did not)."""
+        return all(
+            code == 0 and report.error is None
+            for report, code in zip(self.reports, self.exit_codes, strict=True)
+        )
+
 
 @dataclass
 class Submitted:

@@ -1108,9 +1108,18 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
                         "writable /dev/shm"
                     ) from exc
                 raise
-            args.demo_stage = "finished"
+            # Finished only if every scheduler did its work: a stop sent to the whole process
+            # group can end the schedulers first, and run_fleet return, before it reaches this
+            # process; the stop then said the runs "had all finished" and left those the
+            # schedulers held 'running'.
+            args.demo_stage = "finished" if result.clean else "running"
             progress.finish()
-            checks = await _demo.verify(store, config, runs, result)
+            try:
+                checks = await _demo.verify(store, config, runs, result)
+            except BaseException:
+                if not result.clean:  # stopped while verifying a fleet that failed
+                    args.demo_requeued = await _requeue_stranded(args, store, runs)
+                raise
             if not all(c.ok for c in checks):
                 # A scheduler process that failed left its runs 'running': verified as they
                 # were, then queued again, as for a stopped demo (every process has ended).

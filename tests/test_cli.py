@@ -2329,6 +2329,38 @@ def test_interrupted_demo_exits_130_with_what_to_do(
     assert _run_statuses(path) == {"queued": 3}  # none left 'running' with nobody on it
 
 
+def test_a_stop_that_reaches_the_demo_after_its_schedulers_queues_their_runs_again(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop sent to the whole process group ends the schedulers first: the fleet returns
+    (their exit codes the signal's) before the stop reaches the demo, which it does while the
+    demo verifies. The line said its runs "had all finished", and the run a scheduler held
+    stayed 'running'; it is queued again, and the line says so (seen once in a full run of the
+    suite, in test_a_demo_stopped_with_its_process_group_queues_its_runs_again)."""
+
+    async def killed_by_the_group_stop(
+        config: demo.DemoConfig, on_progress: object
+    ) -> demo.FleetResult:
+        async with Store.connect(config.url) as scheduler:  # claims, then the signal ends it
+            assert await scheduler.claim_next_run() is not None
+        reports = [demo.ProcessReport() for _ in range(config.processes)]
+        codes: list[int | None] = [-signal.SIGTERM] * config.processes
+        return demo.FleetResult(_snapshot(0, 0.1), reports, codes)
+
+    async def stopped_while_verifying(*args: object) -> list[demo.Check]:
+        raise KeyboardInterrupt  # the stop, reaching the demo now
+
+    monkeypatch.setattr(demo, "run_fleet", killed_by_the_group_stop)
+    monkeypatch.setattr(demo, "verify", stopped_while_verifying)
+    path = tmp_path / "demo.db"
+    code, _, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
+    assert code == 130
+    (line,) = err.splitlines()
+    assert "had all finished" not in line
+    assert f"unfinished runs stay in {path} (the run its schedulers held was queued again)" in line
+    assert _run_statuses(path) == {"queued": 3}
+
+
 def test_a_demo_whose_processes_cannot_start_says_so_in_one_line(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
