@@ -1486,10 +1486,10 @@ def configure(conn: sqlite3.Connection, *, path: str, options: Options, database
     try:
         _configure(conn, path=path, options=options, database=database)
     except sqlite3.OperationalError as exc:
-        newer = None if path == MEMORY else _newer_format(exc, path=path, database=database)
-        if newer is None:
+        why = None if path == MEMORY else _opened_read_only(exc, path=path, database=database)
+        if why is None:
             raise
-        raise newer from exc
+        raise why from exc
 
 
 def _configure(conn: sqlite3.Connection, *, path: str, options: Options, database: str) -> None:
@@ -1606,15 +1606,34 @@ def _refuse_read_only(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
 
 
-def _newer_format(exc: sqlite3.Error, *, path: str, database: str) -> ConfigurationError | None:
-    """The error for a file SQLite opened read-only, however writable, because its header's
-    write version is past 2 (a newer SQLite's file format); None for any other failure (a
-    write-protected file: translate explains it)."""
+def _opened_read_only(exc: sqlite3.Error, *, path: str, database: str) -> ControlError | None:
+    """Why SQLite opened the file only for reading, where more can be said than translate's
+    "make the file, its -wal and -shm and its directory writable": which of them this user may
+    not write (a -wal and -shm a read-only store left, with the database's mode or another
+    user's), or a header whose write version is past 2 (a newer SQLite's file format, opened
+    read-only however writable). None for any other failure."""
     if getattr(exc, "sqlite_errorname", "") != "SQLITE_READONLY":
         return None
     header = _header(path)
     if len(header) < 20 or header[18] <= 2:
-        return None
+        target = os.path.realpath(path)
+        names = [path, f"{target}-wal", f"{target}-shm"]
+        denied = [
+            name
+            for name in names
+            if not os.access(name, os.W_OK, effective_ids=os.access in os.supports_effective_ids)
+            and os.path.exists(name)
+        ]
+        if not denied:
+            return None
+        error = StorageError(
+            f"{database} is read-only [{exc} (SQLITE_READONLY)]: this user may not write "
+            f"{' and '.join(repr(name) for name in denied)}; nothing was written: make "
+            f"{'it' if len(denied) == 1 else 'them'} writable by this user (a -wal and -shm a "
+            "read-only store made take the database's mode, or its user), then retry"
+        )
+        error.retryable = True
+        return error
     return ConfigurationError(
         f"{database} is in a file format newer than this SQLite ({sqlite3.sqlite_version}) "
         f"writes (its header's write version is {header[18]}; this SQLite writes 1 and 2), so "

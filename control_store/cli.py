@@ -535,9 +535,11 @@ def _database_path(url: str, *, create_hint: str) -> str:
     """The file ``url`` names, which must exist: a command that only reads never creates one."""
     path = _parsed(url, creates=False)
     if path != _sqlite.MEMORY and not Path(path).exists():
+        because = _sqlite.missing_because(path)
+        if because.startswith(": directory"):  # the command named next makes the file, not it
+            create_hint = f"create that directory, then {create_hint}"
         raise Failure(
-            f"no database at {path!r} (URL {_sqlite.redact(url)!r})"
-            f"{_sqlite.missing_because(path)}; check --url or "
+            f"no database at {path!r} (URL {_sqlite.redact(url)!r}){because}; check --url or "
             f"${URL_ENV}, or {create_hint}"
         )
     return path

@@ -1001,7 +1001,11 @@ def _newer_schema(path: Path) -> str:
         (
             ["check"],
             lambda p: str(p.parent / "nodir" / "x.db"),
-            ["no database at", f": directory '{{dir}}{os.sep}nodir' does not exist; check --url"],
+            [
+                "no database at",
+                f": directory '{{dir}}{os.sep}nodir' does not exist; check --url",
+                "or create that directory, then create one with 'control-store migrate",
+            ],
         ),
         (
             ["runs"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import sqlite3
 import stat
@@ -192,6 +193,39 @@ async def test_a_read_only_file_is_refused_at_connect_and_connect_succeeds_once_
     async with Store.connect(db_path) as store:
         assert await store.get_run(earlier.id) == earlier
         assert [str(run.id) for run in await store.list_runs()] == [inserted, str(earlier.id)]
+    await assert_sound(db_path)
+
+
+async def test_a_read_only_wal_and_shm_are_named_at_connect(
+    db_path: Path, spawn: Callable[..., Worker]
+) -> None:
+    """A writable database beside a -wal and -shm this user may not write (a read-only
+    store made them with a read-only file's mode, or as another user): the refusal names what
+    it may not write, where it said to make "the file, its -wal and -shm files and its
+    directory" writable; once they are, the connect works."""
+    async with Store.connect(db_path) as store:
+        await store.insert_run(make_run())
+    async with Store.connect(db_path, read_only=True):
+        pass  # leaves an empty -wal and a -shm
+    wal, shm = Path(f"{db_path}-wal"), Path(f"{db_path}-shm")
+    for path in (wal, shm):
+        path.chmod(0o444)
+    try:
+        worker = spawn("write-read-only", db_path)
+        refused = worker.expect("refused")
+    finally:
+        for path in (wal, shm):
+            path.chmod(0o644)
+    assert refused[1:3] == ["StorageError", "True"]
+    line = " ".join(refused)
+    # The -shm at least (SQLite may have remade the empty -wal by then); never the database.
+    assert re.search(
+        rf"this user may not write ('{re.escape(str(wal))}' and )?'{re.escape(str(shm))}'; nothing",
+        line,
+    ), line
+    worker.go()
+    worker.expect("inserted")
+    worker.finish()
     await assert_sound(db_path)
 
 
