@@ -719,12 +719,11 @@ def _check_place(path: str, name: str, *, creates: bool) -> None:
     target = os.path.realpath(path)
     for suffix, which in (("", "it"), ("-wal", "its -wal file"), ("-shm", "its -shm file")):
         place = path if not suffix else f"{target}{suffix}"
-        # Existence asked after the refusal: a -wal or -shm the last store to close deleted
-        # between the two questions is gone, not unreadable (a review saw 1 connect in ~500
-        # refused so, beside another process connecting and closing in a loop).
-        if not os.access(
-            place, os.R_OK, effective_ids=os.access in os.supports_effective_ids
-        ) and os.path.exists(place):
+        # Refused, then there, then refused again: a -wal or -shm the last store to close
+        # deleted, or another connect made, between two questions is no unreadable file (a
+        # review saw 1 connect in ~500 refused so, beside a process connecting and closing in
+        # a loop).
+        if not _readable(place) and os.path.exists(place) and not _readable(place):
             also = (
                 "and writable, to write to it" if not suffix else "and writable: SQLite writes it"
             )
@@ -738,6 +737,11 @@ def _check_place(path: str, name: str, *, creates: bool) -> None:
     _check_sidecars(path, target, name)
 
 
+def _readable(path: str) -> bool:
+    """Whether this process may read ``path`` (its effective ids, where the system can ask)."""
+    return os.access(path, os.R_OK, effective_ids=os.access in os.supports_effective_ids)
+
+
 def _check_sidecars(path: str, target: str, name: str) -> None:
     """Refuse a database in WAL mode that another process has open while its -wal or -shm is
     missing: deleted (or moved) under that process's store. SQLite, connecting, would make a
@@ -747,12 +751,25 @@ def _check_sidecars(path: str, target: str, name: str) -> None:
     -shm's index into a log that is not there (SQLITE_IOERR_SHORT_READ, read as a disk fault).
     A store of this process on the file shares its -shm with this one (SQLite keys it by the
     file): nothing is made anew. Told by /proc/locks, as _stale_sidecars tells it; where that
-    cannot be read, nothing is refused (a database closed cleanly has neither file)."""
+    cannot be read, nothing is refused (a database closed cleanly has neither file).
+
+    And refuse another name of a file a store of this process has open, whose -wal would be
+    another file (a hard link, in another directory or under another base name; a symlink, a
+    bind mount or a renamed directory leads to the same -wal and is no other name)."""
     identity = _identity_if_there(path)
-    if identity is not None and (names := _held_as(identity)) and target not in names:
+    wanted = _opened(path)
+    elsewhere = [
+        opened
+        for opened in list(_FILES.values())
+        if wanted is not None
+        and opened.identity == wanted.identity
+        and None not in (opened.sidecars, wanted.sidecars)
+        and opened.sidecars != wanted.sidecars
+    ]
+    if elsewhere:
         raise ConfigurationError(
             f"cannot open {name}: a store of this process has the same file open under another "
-            f"name, {sorted(names)[0]!r} (a hard link): SQLite names the -wal after the name "
+            f"name, {elsewhere[0].name!r} (a hard link): SQLite names the -wal after the name "
             "opened, so the two stores would keep two logs of one file, and read its pages "
             "wrong (SQLITE_IOERR_SHORT_READ, measured); nothing was opened: connect with the "
             "name the open store uses"
@@ -1265,24 +1282,43 @@ _OPEN: Final[set[sqlite3.Connection]] = set()
 # A token for each connection SQLite is opening on a worker thread right now (see open_it).
 _CONNECTING: Final[set[object]] = set()
 
+
 # The file (device, inode) each open connection of a store has open, from its open to its
 # close (_close_quietly). POSIX locks belong to a process and a file: closing any descriptor
 # of the file drops all of this process's SQLite's locks on it, so the library never opens
 # such a file itself (see _in_wal_mode). A fork()ed child's copy names its parent's
 # connections, but a child forked while any was open connects no store (_Process.forked_from).
-# With each, the name SQLite gives its -wal and -shm after (the path, symlinks resolved).
-_FILES: Final[dict[sqlite3.Connection, tuple[tuple[int, int], str]]] = {}
+class _Opened(NamedTuple):
+    """A connection's file, as _FILES holds it."""
+
+    identity: tuple[int, int]  # (device, inode)
+    # Where SQLite puts its -wal and -shm: the name opened, symlinks resolved (its name), by
+    # its directory's (device, inode) and its base name, which a bind mount of the directory
+    # or a rename of it keeps (None where the directory cannot be looked at).
+    sidecars: tuple[int, int, str] | None
+    name: str
+
+
+_FILES: Final[dict[sqlite3.Connection, _Opened]] = {}
 
 
 def _held(identity: tuple[int, int], *, besides: sqlite3.Connection | None = None) -> bool:
     """Whether a store's connection has the file ``identity`` open; ``besides``, a connection
     not to count (the one whose connect asks)."""
-    return any(file == identity and raw is not besides for raw, (file, _) in list(_FILES.items()))
+    return any(
+        opened.identity == identity and raw is not besides for raw, opened in list(_FILES.items())
+    )
 
 
-def _held_as(identity: tuple[int, int]) -> set[str]:
-    """The names (as _FILES holds them) under which this process's stores have ``identity``."""
-    return {name for file, name in list(_FILES.values()) if file == identity}
+def _opened(path: str) -> _Opened | None:
+    """The file at ``path`` as _FILES would hold it; None where it cannot be looked at."""
+    identity = _identity_if_there(path)
+    if identity is None:
+        return None
+    name = os.path.realpath(path)
+    directory = _identity_if_there(os.path.dirname(name))
+    sidecars = None if directory is None else (*directory, os.path.basename(name))
+    return _Opened(identity, sidecars, name)
 
 
 class Opening(NamedTuple):
@@ -1325,9 +1361,9 @@ def open_on_worker(
             _OPEN.add(raw)
         finally:
             _CONNECTING.discard(token)
-        identity = None if path is None else _identity_if_there(path)
-        if identity is not None and path is not None:
-            _FILES[raw] = (identity, os.path.realpath(path))
+        opened = None if path is None else _opened(path)
+        if opened is not None:
+            _FILES[raw] = opened
         made.append(raw)
         return raw
 
@@ -1909,15 +1945,20 @@ def _applied(
 def _matching(column: str, value: object) -> str:
     """The SQL condition that finds the stored ``value`` (any of SQLite's types) in
     ``column``, for a repair given as SQL: a Python repr is no SQL literal (None, b'..')."""
+    # By storage class too: SQLite compares across classes (an integer 1 equals a real 1.0,
+    # and its CAST to a blob is X'31'), so the value alone could find a row of another kind.
     if value is None:
         return f"{column} IS NULL"
     if type(value) is bytes:  # a blob, or text that is no UTF-8 (read leniently as its bytes)
-        return f"CAST({column} AS BLOB) = X'{value.hex()}'"
-    if type(value) is str:
-        return f"{column} = '{value.replace(chr(39), chr(39) * 2)}'"
-    if type(value) is float and not math.isfinite(value):
-        return f"{column} = {'-' if value < 0 else ''}9e999"  # SQLite's spelling of infinity
-    return f"{column} = {value!r}"
+        kinds, literal = "IN ('blob', 'text')", f"CAST({column} AS BLOB) = X'{value.hex()}'"
+    elif type(value) is str:
+        kinds, literal = "= 'text'", f"{column} = '{value.replace(chr(39), chr(39) * 2)}'"
+    elif type(value) is float:
+        spelt = f"{'-' if value < 0 else ''}9e999" if not math.isfinite(value) else repr(value)
+        kinds, literal = "= 'real'", f"{column} = {spelt}"  # 9e999: SQLite's infinity
+    else:
+        kinds, literal = "= 'integer'", f"{column} = {value!r}"
+    return f"typeof({column}) {kinds} AND {literal}"
 
 
 def _tracking_row(version: int) -> str:

@@ -537,7 +537,8 @@ def _database_path(url: str, *, create_hint: str) -> str:
     if path != _sqlite.MEMORY and not Path(path).exists():
         because = _sqlite.missing_because(path)
         if because.startswith(": directory"):  # the command named next makes the file, not it
-            create_hint = f"create that directory, then {create_hint}"
+            directory = str(Path(path).parent)
+            create_hint = f"create the directory {directory!r} (mkdir -p), then {create_hint}"
         raise Failure(
             f"no database at {path!r} (URL {_sqlite.redact(url)!r}){because}; check --url or "
             f"${URL_ENV}, or {create_hint}"

@@ -1004,7 +1004,7 @@ def _newer_schema(path: Path) -> str:
             [
                 "no database at",
                 f": directory '{{dir}}{os.sep}nodir' does not exist; check --url",
-                "or create that directory, then create one with 'control-store migrate",
+                f"or create the directory '{{dir}}{os.sep}nodir' (mkdir -p), then create one",
             ],
         ),
         (

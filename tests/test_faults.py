@@ -828,27 +828,52 @@ async def test_a_hard_link_to_a_file_a_store_here_has_open_is_refused(db_path: P
     await assert_sound(db_path)
 
 
-async def test_a_shm_deleted_while_connect_looks_at_it_is_gone_not_unreadable(
-    db_path: Path, monkeypatch: pytest.MonkeyPatch
+async def test_a_store_on_a_renamed_directory_of_an_open_file_is_no_other_name(
+    tmp_path: Path,
 ) -> None:
-    """The last store of another process closes, deleting the -wal and -shm, between a
-    connect's two looks at each (is it there, may this user read it): that is no unreadable
-    file (it was refused so, about once in 500 connects beside a process connecting and closing
-    in a loop), and the connect works."""
+    """The directory of a file a store has open renamed meanwhile: a second store on the new
+    path leads SQLite to the same -wal and -shm (by the directory, not its path), so it is no
+    hard link to refuse, and the two see each other's writes."""
+    before, after = tmp_path / "before", tmp_path / "after"
+    before.mkdir()
+    async with Store.connect(before / "x.db") as store:
+        await store.insert_run(make_run())
+        before.rename(after)
+        async with Store.connect(after / "x.db") as again:
+            await again.insert_run(make_run())
+            assert len(await store.list_runs()) == 2
+    await assert_sound(after / "x.db")
+
+
+@pytest.mark.parametrize("meanwhile", ["deleted", "created"])
+async def test_a_shm_deleted_or_made_while_connect_looks_at_it_is_not_unreadable(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch, meanwhile: str
+) -> None:
+    """Another process's last store closes, deleting the -wal and -shm, or its connect makes
+    them, between a connect's looks at each (is it there, may this user read it): that is no
+    unreadable file (it was refused so, about once in 500 connects beside a process connecting
+    and closing in a loop), and the connect works."""
     async with Store.connect(db_path) as store:
         await store.insert_run(make_run())
-    async with Store.connect(db_path, read_only=True):
-        pass  # a read-only store leaves an empty -wal and a -shm behind
     shm = Path(f"{db_path}-shm")
-    assert shm.exists()
+    if meanwhile == "deleted":
+        async with Store.connect(db_path, read_only=True):
+            pass  # a read-only store leaves an empty -wal and a -shm behind
+        assert shm.exists()
+    else:
+        assert not shm.exists()
     asked = os.access
 
-    def closed_meanwhile(path: object, mode: int, **kwargs: Any) -> bool:
-        if str(path) == str(shm) and shm.exists():
-            shm.unlink()  # as the other process's last close does
+    def changed_meanwhile(path: object, mode: int, **kwargs: Any) -> bool:
+        if str(path) == str(shm):
+            if meanwhile == "deleted" and shm.exists():
+                shm.unlink()  # the other process's last close, before this question
+            elif meanwhile == "created" and not shm.exists():
+                shm.touch()  # the other process's connect, just after this question
+                return False
         return asked(path, mode, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(os, "access", closed_meanwhile)
+    monkeypatch.setattr(os, "access", changed_meanwhile)
     async with Store.connect(db_path) as store:
         monkeypatch.undo()
         assert len(await store.list_runs()) == 1

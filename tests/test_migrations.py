@@ -133,7 +133,7 @@ async def test_database_from_a_newer_release_is_refused(db_path: Path) -> None:
         (
             f"INSERT INTO {TRACKING} VALUES (-1, 'neg', 'x', 1, x'00', 1)",
             "version of row -1 holds -1",
-            f"DELETE FROM {TRACKING} WHERE version = -1",
+            f"DELETE FROM {TRACKING} WHERE typeof(version) = 'integer' AND version = -1",
         ),
     ],
     ids=[
@@ -167,18 +167,25 @@ async def test_a_hand_edited_tracking_row_is_named_with_its_repair(
     ("value", "where"),
     [
         ("NULL", "version IS NULL"),
-        ("x'00ff'", "CAST(version AS BLOB) = X'00ff'"),
-        ("CAST(x'ff41' AS TEXT)", "CAST(version AS BLOB) = X'ff41'"),  # no UTF-8: read as bytes
-        ("'tw''o'", "version = 'tw''o'"),
+        ("x'00ff'", "typeof(version) IN ('blob', 'text') AND CAST(version AS BLOB) = X'00ff'"),
+        # The blob "1" and the real 1.0: a DELETE by value alone took migration 1's row too.
+        ("x'31'", "typeof(version) IN ('blob', 'text') AND CAST(version AS BLOB) = X'31'"),
+        ("1.0", "typeof(version) = 'real' AND version = 1.0"),
+        ("'tw''o'", "typeof(version) = 'text' AND version = 'tw''o'"),
+        (  # no UTF-8: read leniently as its bytes
+            "CAST(x'ff41' AS TEXT)",
+            "typeof(version) IN ('blob', 'text') AND CAST(version AS BLOB) = X'ff41'",
+        ),
     ],
 )
 async def test_a_tracking_rows_version_of_any_type_gets_a_delete_that_works(
     db_path: Path, value: str, where: str
 ) -> None:
     """A history rebuilt by hand without its INTEGER PRIMARY KEY can hold a version that is
-    NULL, a blob or text (UTF-8 or not): the repair's DELETE names it in SQL (it gave "version =
-    None" or "b'...'", Python's repr, which SQLite refuses), and followed as written it deletes
-    that row alone."""
+    NULL, a blob, a real or text (UTF-8 or not): the repair's DELETE names it in SQL (it gave
+    "version = None" or "b'...'", Python's repr, which SQLite refuses), by its storage class too
+    (SQLite finds the integer 1 equal to 1.0, and its bytes equal to the blob "1"), and
+    followed as written it deletes that row alone."""
     with raw_db(db_path) as conn:
         conn.executescript(
             f"""
