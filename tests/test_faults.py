@@ -15,7 +15,7 @@ import sqlite3
 import stat
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -657,6 +657,29 @@ asyncio.run(main())
 """
 
 
+@contextlib.asynccontextmanager
+async def _another_process(script: str, path: Path) -> AsyncIterator[int]:
+    """A Python process running ``script`` on ``path``, once it prints "ready", until its stdin
+    says to end (it must exit 0); yields its pid."""
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        script,
+        str(path),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert holder.stdin is not None
+    assert holder.stdout is not None
+    try:
+        assert await asyncio.wait_for(holder.stdout.readline(), CALL_TIMEOUT) == b"ready\n"
+        yield holder.pid
+    finally:
+        holder.stdin.write(b"\n")
+        await holder.stdin.drain()
+        assert await asyncio.wait_for(holder.wait(), CALL_TIMEOUT) == 0
+
+
 @pytest.mark.skipif(not Path("/proc/locks").exists(), reason="reads /proc/locks")
 @pytest.mark.parametrize("suffix", ["-shm", "-wal"])
 async def test_connecting_while_another_processs_wal_or_shm_is_gone_is_refused(
@@ -671,30 +694,15 @@ async def test_connecting_while_another_processs_wal_or_shm_is_gone_is_refused(
     async with Store.connect(db_path) as store:
         mine = make_run()
         await store.insert_run(mine)
-    holder = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        _HOLDER,
-        str(db_path),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    assert holder.stdin is not None
-    assert holder.stdout is not None
-    try:
-        assert await asyncio.wait_for(holder.stdout.readline(), CALL_TIMEOUT) == b"ready\n"
+    async with _another_process(_HOLDER, db_path) as pid:
         Path(f"{db_path}{suffix}").unlink()
         with pytest.raises(ConfigurationError) as refused:
             await Store.connect(db_path)
         message = str(refused.value)
-        assert f"'{db_path}{suffix}' is missing while process {holder.pid} has the" in message
+        assert f"'{db_path}{suffix}' is missing while process {pid} has the" in message
         assert "or that process has the file open under another name (a hard link" in message
         assert "close that process's store with await store.close()" in message
         assert not Path(f"{db_path}{suffix}").exists()  # nothing made anew
-    finally:
-        holder.stdin.write(b"\n")
-        await holder.stdin.drain()
-        assert await asyncio.wait_for(holder.wait(), CALL_TIMEOUT) == 0
     async with Store.connect(db_path) as store:
         runs = await store.list_runs()
         assert mine in runs
@@ -724,25 +732,10 @@ async def test_a_process_holding_the_file_exclusively_is_busy_not_a_deleted_shm(
     a running store; after it closes, the connect works."""
     async with Store.connect(db_path) as store:
         await store.insert_run(make_run())
-    holder = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        _EXCLUSIVE,
-        str(db_path),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    assert holder.stdin is not None
-    assert holder.stdout is not None
-    try:
-        assert await asyncio.wait_for(holder.stdout.readline(), CALL_TIMEOUT) == b"ready\n"
+    async with _another_process(_EXCLUSIVE, db_path):
         assert not Path(f"{db_path}-shm").exists()
         with pytest.raises(DatabaseBusyError):
             await Store.connect(db_path, busy_timeout=0.1)
-    finally:
-        holder.stdin.write(b"\n")
-        await holder.stdin.drain()
-        assert await asyncio.wait_for(holder.wait(), CALL_TIMEOUT) == 0
     async with Store.connect(db_path) as store:
         assert len(await store.list_runs()) == 1
 
@@ -786,25 +779,12 @@ async def test_a_shared_flock_on_a_closed_database_is_no_store_holding_it(db_pat
     async with Store.connect(db_path) as store:
         await store.insert_run(make_run())
     assert not Path(f"{db_path}-shm").exists()
-    holder = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
+    flocking = (
         "import fcntl, sys; f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_SH); "
-        "print('ready', flush=True); sys.stdin.readline()",
-        str(db_path),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
+        "print('ready', flush=True); sys.stdin.readline()"
     )
-    assert holder.stdin is not None
-    assert holder.stdout is not None
-    try:
-        assert await asyncio.wait_for(holder.stdout.readline(), CALL_TIMEOUT) == b"ready\n"
-        async with Store.connect(db_path) as store:
-            assert len(await store.list_runs()) == 1
-    finally:
-        holder.stdin.write(b"\n")
-        await holder.stdin.drain()
-        assert await asyncio.wait_for(holder.wait(), CALL_TIMEOUT) == 0
+    async with _another_process(flocking, db_path), Store.connect(db_path) as store:
+        assert len(await store.list_runs()) == 1
 
 
 async def test_a_hard_link_to_a_file_a_store_here_has_open_is_refused(db_path: Path) -> None:
