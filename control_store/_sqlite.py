@@ -719,11 +719,7 @@ def _check_place(path: str, name: str, *, creates: bool) -> None:
     target = os.path.realpath(path)
     for suffix, which in (("", "it"), ("-wal", "its -wal file"), ("-shm", "its -shm file")):
         place = path if not suffix else f"{target}{suffix}"
-        # Refused, then there, then refused again: a -wal or -shm the last store to close
-        # deleted, or another connect made, between two questions is no unreadable file (a
-        # review saw 1 connect in ~500 refused so, beside a process connecting and closing in
-        # a loop).
-        if not _readable(place) and os.path.exists(place) and not _readable(place):
+        if _unreadable(place):
             also = (
                 "and writable, to write to it" if not suffix else "and writable: SQLite writes it"
             )
@@ -737,9 +733,18 @@ def _check_place(path: str, name: str, *, creates: bool) -> None:
     _check_sidecars(path, target, name)
 
 
-def _readable(path: str) -> bool:
-    """Whether this process may read ``path`` (its effective ids, where the system can ask)."""
-    return os.access(path, os.R_OK, effective_ids=os.access in os.supports_effective_ids)
+def _unreadable(path: str) -> bool:
+    """Whether ``path`` is there and this process may not read it (its effective ids, where the
+    system can ask). access() says False for a file that is not there too: asked until it and
+    a look at the file agree three times over, since a -wal or -shm comes and goes as other
+    processes connect and close (a review saw 1 connect in ~500 refused as unreadable beside
+    a process connecting and closing in a loop)."""
+    for _ in range(3):
+        if os.access(path, os.R_OK, effective_ids=os.access in os.supports_effective_ids):
+            return False
+        if not os.path.exists(path):
+            return False
+    return True
 
 
 def _check_sidecars(path: str, target: str, name: str) -> None:
@@ -778,11 +783,19 @@ def _check_sidecars(path: str, target: str, name: str) -> None:
     if not missing or identity is None or _held(identity):
         return
     # A connection opening the file, or closing it last, holds its lock on the file for a
-    # moment while the two files are not there yet, or no longer: looked at again before a
-    # refusal, so that only a lasting state is one.
+    # moment while the two files are not there yet, or no longer (longer if its process is
+    # held up there: a review stopped one for 0.1 s, and a look of 0.1 s refused it): looked at
+    # again for up to a second before a refusal, so that only a lasting state is one, unless a
+    # holder shows the files deleted under it. (On the caller's thread, the event loop's for a
+    # connect: only a connect that meets this window, or the fault, waits, and the first look
+    # that sees the files ends it; a thread of the default executor's would tie the connect to
+    # one, which a process out of threads lacks.)
     others: set[int] = set()
+    base = os.path.basename(target)
     for attempt in range(_SIDECAR_LOOKS):
         if attempt:
+            if any(_runs_on_deleted(pid, base, missing) for pid in others):
+                break
             time.sleep(_SIDECAR_PAUSE)
         # Read locks: every connection in WAL mode holds one on the file while it has it open.
         # A write lock there is a connection in locking_mode=EXCLUSIVE, which keeps its index
@@ -819,9 +832,28 @@ def _check_sidecars(path: str, target: str, name: str) -> None:
     )
 
 
-# How many times, and how far apart, _check_sidecars looks before it refuses: ~0.1 s in all.
-_SIDECAR_LOOKS: Final = 6
-_SIDECAR_PAUSE: Final = 0.02
+# How many times, and how far apart, _check_sidecars looks before it refuses: ~1 s in all.
+_SIDECAR_LOOKS: Final = 26
+_SIDECAR_PAUSE: Final = 0.04
+
+
+def _runs_on_deleted(pid: int, base: str, missing: list[str]) -> bool:
+    """Whether process ``pid`` has a missing -shm of the database named ``base`` mapped, or
+    its -wal open, as a deleted file (Linux's /proc/PID: a store running on them); False where
+    that cannot be seen (another user's process), and the looks decide."""
+    try:
+        if "-shm" in missing:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+                if any(line.rstrip("\n").endswith(f"/{base}-shm (deleted)") for line in maps):
+                    return True
+        if "-wal" in missing:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}").endswith(f"/{base}-wal (deleted)"):
+                        return True
+    except OSError:
+        return False
+    return False
 
 
 def _lock_holders(inode: int) -> set[int] | None:
@@ -1951,8 +1983,8 @@ def _matching(column: str, value: object) -> str:
         return f"{column} IS NULL"
     if type(value) is bytes:  # a blob, or text that is no UTF-8 (read leniently as its bytes)
         kinds, literal = "IN ('blob', 'text')", f"CAST({column} AS BLOB) = X'{value.hex()}'"
-    elif type(value) is str:
-        kinds, literal = "= 'text'", f"{column} = '{value.replace(chr(39), chr(39) * 2)}'"
+    elif type(value) is str:  # by its bytes: a quoted literal cannot hold a NUL
+        kinds, literal = "= 'text'", f"CAST({column} AS BLOB) = X'{value.encode().hex()}'"
     elif type(value) is float:
         spelt = f"{'-' if value < 0 else ''}9e999" if not math.isfinite(value) else repr(value)
         kinds, literal = "= 'real'", f"{column} = {spelt}"  # 9e999: SQLite's infinity

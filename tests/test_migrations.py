@@ -171,7 +171,12 @@ async def test_a_hand_edited_tracking_row_is_named_with_its_repair(
         # The blob "1" and the real 1.0: a DELETE by value alone took migration 1's row too.
         ("x'31'", "typeof(version) IN ('blob', 'text') AND CAST(version AS BLOB) = X'31'"),
         ("1.0", "typeof(version) = 'real' AND version = 1.0"),
-        ("'tw''o'", "typeof(version) = 'text' AND version = 'tw''o'"),
+        ("'tw''o'", "typeof(version) = 'text' AND CAST(version AS BLOB) = X'7477276f'"),
+        # By its bytes: a NUL in a quoted literal cut the statement short.
+        (
+            "CAST(x'610062' AS TEXT)",
+            "typeof(version) = 'text' AND CAST(version AS BLOB) = X'610062'",
+        ),
         (  # no UTF-8: read leniently as its bytes
             "CAST(x'ff41' AS TEXT)",
             "typeof(version) IN ('blob', 'text') AND CAST(version AS BLOB) = X'ff41'",
