@@ -62,6 +62,8 @@ _BATCH: Final = 8
 # __str__ says something else (stored as that, its row could never be found by a plain UUID).
 uuid_text: Final[Callable[[uuid.UUID], str]] = msgspec.to_builtins
 _UUID: Final = uuid.UUID
+# The number a UUID holds in its slot, whatever a subclass's own ``int`` says.
+uuid_number: Final[Callable[[uuid.UUID], int]] = vars(uuid.UUID)["int"].__get__
 
 # What msgspec raises on stored JSON it cannot read. Its DecodeError (and ValidationError, a
 # DecodeError) is a ValueError from msgspec 0.21 on only: named for older ones. JSON nested
@@ -305,11 +307,16 @@ def check_uuid(value: object, *, what: str, otherwise: str = "pass a uuid.UUID")
             fix = f"wrap it as uuid.UUID({shown(text)})"
         raise InvalidInputError(f"{what} must be a uuid.UUID, got {typed(value)}; {fix}")
     try:
-        return uuid_text(value)
+        if type(value) is _UUID:
+            return uuid_text(value)
+        # A subclass by the value uuid.UUID holds in its slot, never through the subclass's
+        # own ``int`` (msgspec reads that, and on Python 3.13 an unset slot read as 0, storing
+        # the nil id).
+        return uuid_text(_UUID(int=uuid_number(value)))
     except AttributeError:  # a subclass made with UUID.__new__ alone holds no value
         raise InvalidInputError(
             f"{what} is a {type(value).__name__} that holds no value (made without "
-            f"uuid.UUID.__init__); {otherwise}"
+            f"uuid.UUID.__init__, or with an int of its own that took the value); {otherwise}"
         ) from None
     except Exception as exc:  # a subclass whose own ``int`` fails
         raise InvalidInputError(

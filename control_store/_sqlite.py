@@ -2461,7 +2461,7 @@ def _number_of(value: uuid.UUID) -> int | None:
     None if reading it fails or gives no 128-bit number (a subclass's own ``int``): the
     encoder then explains it."""
     try:
-        number = int.__index__(value.int)
+        number = int.__index__(_codec.uuid_number(value))  # the slot, not a subclass's own
     except Exception:
         return None
     return number if 0 <= number < 1 << 128 else None
