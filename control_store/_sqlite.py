@@ -733,6 +733,12 @@ def _check_place(path: str, name: str, *, creates: bool) -> None:
     _check_sidecars(path, target, name)
 
 
+def _may(path: str, mode: int) -> bool:
+    """access(): whether this process may use ``path`` so (by its effective ids, where the
+    system can ask; False for a path that is not there)."""
+    return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
+
+
 def _unreadable(path: str) -> bool:
     """Whether ``path`` is there and this process may not read it (its effective ids, where the
     system can ask). access() says False for a file that is not there too: asked until it and
@@ -740,7 +746,7 @@ def _unreadable(path: str) -> bool:
     processes connect and close (a review saw 1 connect in ~500 refused as unreadable beside
     a process connecting and closing in a loop)."""
     for _ in range(3):
-        if os.access(path, os.R_OK, effective_ids=os.access in os.supports_effective_ids):
+        if _may(path, os.R_OK):
             return False
         if not os.path.exists(path):
             return False
@@ -761,13 +767,13 @@ def _check_sidecars(path: str, target: str, name: str) -> None:
     And refuse another name of a file a store of this process has open, whose -wal would be
     another file (a hard link, in another directory or under another base name; a symlink, a
     bind mount or a renamed directory leads to the same -wal and is no other name)."""
-    identity = _identity_if_there(path)
     wanted = _opened(path)
+    if wanted is None:
+        return  # nothing there to look at: SQLite's open says what is wrong
     elsewhere = [
         opened
         for opened in list(_FILES.values())
-        if wanted is not None
-        and opened.identity == wanted.identity
+        if opened.identity == wanted.identity
         and None not in (opened.sidecars, wanted.sidecars)
         and opened.sidecars != wanted.sidecars
     ]
@@ -779,8 +785,9 @@ def _check_sidecars(path: str, target: str, name: str) -> None:
             "wrong (SQLITE_IOERR_SHORT_READ, measured); nothing was opened: connect with the "
             "name the open store uses"
         )
+    identity = wanted.identity
     missing = [suffix for suffix in ("-wal", "-shm") if not os.path.lexists(f"{target}{suffix}")]
-    if not missing or identity is None or _held(identity):
+    if not missing or _held(identity):
         return
     # A connection opening the file, or closing it last, holds its lock on the file for a
     # moment while the two files are not there yet, or no longer (longer if its process is
@@ -800,14 +807,15 @@ def _check_sidecars(path: str, target: str, name: str) -> None:
         # Read locks: every connection in WAL mode holds one on the file while it has it open.
         # A write lock there is a connection in locking_mode=EXCLUSIVE, which keeps its index
         # in its own memory, no -shm at all (SQLite then says the file is busy), or the last
-        # to close, about to delete both files. The header is read last, once a reader is
-        # seen (a rollback-journal file's readers need neither file).
+        # to close, about to delete both files. The header is read last, once, when a reader
+        # is first seen (a rollback-journal file's readers need neither file): any look with
+        # no other reader ends the loop, so one is seen at the first look or never.
         holding = _sqlite_readers(identity)
         missing = [s for s in missing if not os.path.lexists(f"{target}{s}")]
         if holding is None or not missing:
             return
         others = holding - {os.getpid()}
-        if not others or not _in_wal_mode(path):
+        if not others or (attempt == 0 and not _in_wal_mode(path)):
             return
     files = " and ".join(repr(f"{target}{suffix}") for suffix in missing)
     holders = (
@@ -1686,12 +1694,7 @@ def _opened_read_only(exc: sqlite3.Error, *, path: str, database: str) -> Contro
     if len(header) < 20 or header[18] <= 2:
         target = os.path.realpath(path)
         names = [path, f"{target}-wal", f"{target}-shm"]
-        denied = [
-            name
-            for name in names
-            if not os.access(name, os.W_OK, effective_ids=os.access in os.supports_effective_ids)
-            and os.path.exists(name)
-        ]
+        denied = [name for name in names if not _may(name, os.W_OK) and os.path.exists(name)]
         if not denied:
             return None
         error = StorageError(

@@ -535,12 +535,12 @@ def _database_path(url: str, *, create_hint: str) -> str:
     """The file ``url`` names, which must exist: a command that only reads never creates one."""
     path = _parsed(url, creates=False)
     if path != _sqlite.MEMORY and not Path(path).exists():
-        because = _sqlite.missing_because(path)
-        if because.startswith(": directory"):  # the command named next makes the file, not it
-            directory = str(Path(path).parent)
-            create_hint = f"create the directory {directory!r} (mkdir -p), then {create_hint}"
+        directory = Path(path).parent
+        if not directory.exists():  # the command named next makes the file, not its directory
+            create_hint = f"create the directory {str(directory)!r} (mkdir -p), then {create_hint}"
         raise Failure(
-            f"no database at {path!r} (URL {_sqlite.redact(url)!r}){because}; check --url or "
+            f"no database at {path!r} (URL {_sqlite.redact(url)!r})"
+            f"{_sqlite.missing_because(path)}; check --url or "
             f"${URL_ENV}, or {create_hint}"
         )
     return path
