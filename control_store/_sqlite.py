@@ -787,7 +787,10 @@ def _check_sidecars(path: str, target: str, name: str) -> None:
         )
     identity = wanted.identity
     missing = [suffix for suffix in ("-wal", "-shm") if not os.path.lexists(f"{target}{suffix}")]
-    if not missing or _held(identity):
+    if not missing:
+        return
+    if _held(identity):
+        _check_own_wal(path, target, name, identity, missing)
         return
     # A connection opening the file, or closing it last, holds its lock on the file for a
     # moment while the two files are not there yet, or no longer (longer if its process is
@@ -837,6 +840,37 @@ def _check_sidecars(path: str, target: str, name: str) -> None:
         "connect with the name that process uses; else close that process's store "
         "with await store.close() (the last store to close keeps every write it acknowledged), "
         "close every other store on the file, and connect again"
+    )
+
+
+def _check_own_wal(
+    path: str, target: str, name: str, identity: tuple[int, int], missing: list[str]
+) -> None:
+    """Refuse a file a store of this process has open in WAL mode while its -wal is missing.
+
+    That store shares its -shm with a new connection (SQLite keys the index by the file), but
+    not its -wal: each connection opens the log by name, so SQLite would make a new, empty one
+    beside the deleted log the running store still holds. Reads through the shared index then
+    fail as a disk fault (SQLITE_IOERR_SHORT_READ), or, once everything was checkpointed, the
+    new store writes its commits into the new log while the index describes both: the running
+    store reads wrong pages, and its close() (the last) checkpointed them and left the file
+    malformed (measured). The new -wal also hid the fault from other processes' connects.
+    Looked at again for up to a second, as for another process: a store of this process
+    closing last deletes the -wal a moment before it lets the file go."""
+    if "-wal" not in missing or _header(path)[18:20] != b"\x02\x02":
+        return  # a -shm is shared; a rollback-journal file needs neither
+    for attempt in range(_SIDECAR_LOOKS):
+        if attempt:
+            time.sleep(_SIDECAR_PAUSE)
+        if os.path.lexists(f"{target}-wal") or not _held(identity):
+            return
+    raise ConfigurationError(
+        f"cannot open {name}: {f'{target}-wal'!r} is missing while a store of this process has "
+        "the database open: deleted or moved under that store; nothing was opened (SQLite would "
+        "make a new, empty log beside the one that store still holds, and the two stores would "
+        "then write two logs of one file and corrupt it): put a moved file back; else close "
+        "that store with await store.close() (the last store to close keeps every write it "
+        "acknowledged), close every other store on the file, and connect again"
     )
 
 

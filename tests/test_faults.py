@@ -26,7 +26,9 @@ from control_store import (
     ConfigurationError,
     ControlError,
     DatabaseBusyError,
+    EvalJob,
     InvalidInputError,
+    Job,
     JobOutcome,
     JobStatus,
     MissingRunError,
@@ -707,6 +709,34 @@ async def test_connecting_while_another_processs_wal_or_shm_is_gone_is_refused(
         runs = await store.list_runs()
         assert mine in runs
         assert [run.manifest for run in runs].count("held") == 1
+    await assert_sound(db_path)
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+async def test_connecting_in_the_process_whose_store_lost_its_wal_is_refused(
+    db_path: Path, checkpointed: bool
+) -> None:
+    """A store of this process has the file open when its -wal is deleted: a second connect
+    here is refused too. SQLite shares the -shm between a process's connections, not the
+    -wal: it made a new, empty log beside the deleted one, so the connect failed as a disk
+    fault to retry (and the new file hid the fault from other processes), or, once everything
+    was checkpointed, connected, wrote into the new log, and the first store's close() left
+    the file malformed with every run lost. After that store's close, the connect works."""
+    run = make_run(job_count=1_500 if checkpointed else 2)
+    # 1,500 jobs of 3 kB: a commit past the 4 MiB autocheckpoint, so nothing is left unbackfilled
+    jobs = [Job(run.id, EvalJob("m", f"{i}-" + "x" * 3_000, 0)) for i in range(run.job_count)]
+    store = await Store.connect(db_path)
+    try:
+        await store.insert_run(run, jobs=jobs)
+        Path(f"{db_path}-wal").unlink()
+        with pytest.raises(ConfigurationError, match="is missing while a store of this process"):
+            async with Store.connect(db_path):
+                pass
+        assert not Path(f"{db_path}-wal").exists()  # nothing made anew
+    finally:
+        await store.close()
+    async with Store.connect(db_path) as store:
+        assert len(await store.list_jobs(run.id)) == run.job_count
     await assert_sound(db_path)
 
 
