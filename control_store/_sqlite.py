@@ -30,7 +30,7 @@ import urllib.parse
 import uuid
 import warnings
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
@@ -1967,16 +1967,23 @@ def _strip_comments(sql: str) -> str:
 
 
 def _read_applied(conn: sqlite3.Connection, *, database: str) -> list[_migrate.AppliedMigration]:
+    return [_applied(*row) for row in _tracking_rows(conn, database=database)]
+
+
+def _tracking_rows(conn: sqlite3.Connection, *, database: str) -> list[tuple[Any, ...]]:
+    """The history's rows as stored (SELECT_APPLIED's columns), text that is no UTF-8 as bytes."""
     held = conn.execute(SELECT_TRACKING_KIND, (_migrate.TRACKING_TABLE,)).fetchone()
     if held is None:
         return []
     if held[0] != "table":
         raise _tracking_replaced(database, str(held[0]))
     try:
-        rows = _leniently(conn, lambda: conn.execute(SELECT_APPLIED).fetchall())
+        rows: list[tuple[Any, ...]] = _leniently(
+            conn, lambda: conn.execute(SELECT_APPLIED).fetchall()
+        )
     except sqlite3.OperationalError as exc:  # a column dropped or renamed: check() cannot run
         raise tracking_damage(database, exc) from exc
-    return [_applied(*row) for row in rows]
+    return rows
 
 
 def _applied(
@@ -2142,7 +2149,8 @@ class MigrationRecord:
     state: str
     """'applied', 'pending', 'missing' (not recorded, but a later one is: its row was lost),
     'failed' (recorded as failed), 'changed' (its file's checksum is not the one recorded),
-    'unreadable' (the recorded checksum is no SHA-384), or 'unknown' (recorded, but this
+    'unreadable' (the recorded checksum is no SHA-384, or a cell of the row, the version
+    aside, is not of what control_store writes), or 'unknown' (recorded, but this
     library has no such migration: a newer release's)."""
     installed_on: str | None
 
@@ -2151,30 +2159,44 @@ def migration_history(conn: sqlite3.Connection, *, database: str) -> list[Migrat
     """Every known migration and every recorded one, in version order, each with its state,
     also where migration_status refuses the history (a failed, edited or unknown migration):
     what ``control-store migrate --status`` lists beside that refusal. A row that cannot be
-    read at all is still a CorruptRowError."""
+    read at all is still a CorruptRowError; one whose version reads, but another cell not
+    (a checksum as text, a success of 'yes'), is listed as 'unreadable'."""
     known = _migrate.load_migrations("sqlite")
-    return _records(known, _read_applied(conn, database=database), conn)
+    rows = []
+    unreadable = set()
+    for row in _tracking_rows(conn, database=database):
+        try:
+            rows.append(_applied(*row))
+        except CorruptRowError as exc:
+            if exc.column == "version":
+                raise
+            unreadable.add(row[0])
+    return _records(known, rows, conn, unreadable)
 
 
 def _records(
     migrations: Sequence[_migrate.Migration],
     rows: Sequence[_migrate.AppliedMigration],
     conn: sqlite3.Connection,
+    unreadable: Set[int] = frozenset(),
 ) -> list[MigrationRecord]:
-    """The known ``migrations`` and the recorded ``rows``, each with its state and time."""
+    """The known ``migrations`` and the recorded ``rows``, each with its state and time, and
+    the versions of the ``unreadable`` rows (a cell but the version not as written)."""
     known = {m.version: m for m in migrations}
     applied = {row.version: row for row in rows}
     installed: dict[int, str] = {}
-    if applied:
+    if applied or unreadable:
         # Leniently, as _read_applied read the rows: a checksum stored as TEXT that is no UTF-8
         # (CAST to TEXT by hand) passed that read as the bytes it holds, and failed this one.
         held = _leniently(conn, lambda: conn.execute(SELECT_APPLIED).fetchall())
-        installed = {int(v): str(i) for v, _, _, _, i in held}
+        installed = {int(v): i for v, _, _, _, i in held if type(i) is str}
     records = []
-    newest = max(applied, default=0)
-    for version in sorted(known.keys() | applied.keys()):
+    newest = max(applied.keys() | unreadable, default=0)
+    for version in sorted(known.keys() | applied.keys() | unreadable):
         mine, row = known.get(version), applied.get(version)
-        if row is None:
+        if version in unreadable:
+            state = "unreadable"  # a cell edited by hand (_applied names it)
+        elif row is None:
             state = "missing" if version < newest else "pending"  # see _migrate.pending
         elif mine is None:
             state = "unknown"

@@ -1006,10 +1006,11 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
 def _score(value: float | None) -> str:
     """A score for a table: three decimals, or in scientific notation from a billion up,
     where three decimals would fill the column with up to 309 digits (a score near the float
-    limit)."""
+    limit). Judged as three decimals show it: 999999999.9996 reads 1000000000.000 otherwise,
+    beside 1.000e+09 for a billion."""
     if value is None:
         return "-"
-    return f"{value:.3e}" if abs(value) >= 1e9 else f"{value:.3f}"
+    return f"{value:.3e}" if abs(round(value, 3)) >= 1e9 else f"{value:.3f}"
 
 
 def _describe(s: _Scores) -> str:

@@ -859,6 +859,19 @@ def test_migrate_status_lists_pending_then_applied(
             "unreadable",
             "expected the SHA-384 of 0001_init.sql",
         ),
+        # Cells of the wrong type were refused with nothing listed.
+        (
+            f"UPDATE {TRACKING_TABLE} SET checksum = 'abc' WHERE version = 2",
+            2,
+            "unreadable",
+            "checksum of row 2 holds 'abc'",
+        ),
+        (
+            f"UPDATE {TRACKING_TABLE} SET success = 'yes' WHERE version = 1",
+            1,
+            "unreadable",
+            "success of row 1 holds 'yes'",
+        ),
         (
             f"INSERT INTO {TRACKING_TABLE} VALUES (99, 'from the future', "
             "'2026-01-01T00:00:00.000000Z', 1, x'00', 0)",
@@ -867,7 +880,7 @@ def test_migrate_status_lists_pending_then_applied(
             "newer release",
         ),
     ],
-    ids=["failed", "changed", "unreadable", "unknown"],
+    ids=["failed", "changed", "unreadable", "text-checksum", "text-success", "unknown"],
 )
 @pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
 def test_migrate_status_lists_a_history_it_refuses(
@@ -2928,3 +2941,11 @@ def test_messages_never_show_a_password(capsys: pytest.CaptureFixture[str]) -> N
     result = run_cli(capsys, "runs", "--url", "postgres://ops:hunter2@db/control")
     assert_one_line_error(result, "ops:***@db")
     assert "hunter2" not in result[2]
+
+
+def test_a_score_that_rounds_to_a_billion_is_shown_as_a_billion_is() -> None:
+    """Scientific notation starts where three decimals would show a billion: a score just
+    below it was shown as 1000000000.000, beside 1.000e+09 for a billion itself."""
+    assert cli._score(999_999_999.9996) == cli._score(1e9) == "1.000e+09"
+    assert cli._score(-999_999_999.9996) == "-1.000e+09"
+    assert cli._score(999_999_999.9994) == "999999999.999"
