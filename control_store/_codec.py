@@ -116,6 +116,12 @@ _DATETIME_FIELDS: Final = (
 
 _astuple: Final = msgspec.structs.astuple
 
+# What a fast path's reads raise on a value the checked path explains: a field unset through
+# its slot (AttributeError), and an exact uuid.UUID whose slot holds no 128-bit number (set by
+# object.__setattr__ or a crafted __setstate__: msgspec's formatting raises TypeError or
+# OverflowError, which reached the caller raw, or read as "a value too long for SQLite").
+_UNSET_OR_UNREADABLE: Final = (AttributeError, TypeError, OverflowError)
+
 
 def struct_fields(value: Any, kind: type[msgspec.Struct], *, what: str) -> tuple[Any, ...]:
     """The fields ``kind`` defines, of ``value``, a ``kind`` or a subclass (taken as a
@@ -412,7 +418,7 @@ def run_params(run: Run) -> tuple[str, str, str, int, int, str, str, int]:
                     )
                 except UnicodeEncodeError:  # a model name with a lone surrogate: explained below
                     pass
-    except AttributeError:
+    except _UNSET_OR_UNREADABLE:
         pass
     return _checked_run_params(run)
 
@@ -509,7 +515,7 @@ def outcome_params(outcome: JobOutcome) -> tuple[str, str]:
                     return (uuid_text(job_id), _encode(outcome).decode())
                 except UnicodeEncodeError:  # a lone surrogate: _checked_outcome_params explains
                     pass
-    except AttributeError:
+    except _UNSET_OR_UNREADABLE:
         pass
     return _checked_outcome_params(outcome)
 
@@ -641,7 +647,7 @@ def job_encoder() -> tuple[
                         last = row
                         streak += 1
                         return row
-        except AttributeError:
+        except _UNSET_OR_UNREADABLE:
             pass
         last = row = _checked_job_params(job)
         counted[row[1]] = counted.get(row[1], 0) + 1

@@ -1252,16 +1252,22 @@ def _outcome_too_big(
 ) -> InvalidInputError | None:
     """The error naming the outcome that ``exc`` (raised recording it) found too long to store,
     or None if ``exc`` is no such refusal; ``where``: its place in a batch ("outcomes[3]: ")."""
+    what = (
+        f"{where}the outcome of job {job_id}, {len(outcome_json):,} characters as stored (its "
+        "output, error and score as JSON; as many bytes or more in UTF-8),"
+    )
+    return _refused_as_too_big(exc, what)
+
+
+def _refused_as_too_big(exc: Exception, what: str) -> InvalidInputError | None:
+    """The error saying ``what`` (a value the call stored) is too long, if ``exc`` is sqlite3
+    refusing it as that; else None."""
     if isinstance(exc, OverflowError):  # sqlite3 binding a text of over 2**31 - 1 bytes
         detail = str(exc)
     elif getattr(exc, "sqlite_errorname", None) == "SQLITE_TOOBIG":
         detail = f"{exc} (SQLITE_TOOBIG)"
     else:
         return None
-    what = (
-        f"{where}the outcome of job {job_id}, {len(outcome_json):,} characters as stored (its "
-        "output, error and score as JSON; as many bytes or more in UTF-8),"
-    )
     return _too_big(detail, what)
 
 
@@ -2321,11 +2327,29 @@ def _insert_jobs(
     # executemany pulls one row at a time through map, so any iterable streams in bounded
     # memory; last() is the row being inserted when a constraint fails.
     encode, last, per_run = _codec.job_encoder()
+    rows: Iterable[_codec.JobRow] = map(encode, guarded(jobs) if with_run is None else jobs)
+    if with_run is None and not _replayable(jobs):
+        # A generator may never end: refuse its first job past a run's room as it comes, as
+        # insert_run does (_of_run), or it would hold the write lock, and grow the -wal, for
+        # as long as it ran. A list or tuple is bounded: counted whole, at the end.
+        rows = _within_job_count(rows, conn)
     try:
-        conn.executemany(INSERT_JOB, map(encode, guarded(jobs) if with_run is None else jobs))
+        conn.executemany(INSERT_JOB, rows)
     except InvalidInputError as exc:  # encode's: guarded() wraps what the caller's jobs raise
         _codec.in_batch(exc, "jobs", sum(per_run().values()))
         raise
+    except (sqlite3.DataError, OverflowError) as exc:  # a value too long: name the job
+        failed = last()
+        too_big = None
+        if failed is not None:
+            too_big = _refused_as_too_big(
+                exc,
+                f"jobs[{sum(per_run().values()) - 1}]: job {failed[0]}, its spec "
+                f"{len(failed[2]):,} characters as stored (JSON; as many bytes or more in UTF-8),",
+            )
+        if too_big is None:
+            raise
+        raise too_big from exc
     except sqlite3.IntegrityError as exc:
         name = getattr(exc, "sqlite_errorname", "")
         failed = last()
@@ -2365,6 +2389,40 @@ def _insert_jobs(
         if conn.execute(ADD_JOB_ROWS, (added, run_id, added)).rowcount != 1:
             _refuse_job_rows(run_id, added, conn)
     return counts
+
+
+def _within_job_count(
+    rows: Iterable[_codec.JobRow], conn: sqlite3.Connection
+) -> Iterator[_codec.JobRow]:
+    """``rows``, refusing the first one past its run's room (job_count - job_rows, read once
+    per run, when its first row comes). A run that is missing, or whose counters are not
+    integers, is left to the foreign key and to ADD_JOB_ROWS at the end, which explain it."""
+    room: dict[str, int | None] = {}
+    room_of: dict[str, int] = {}  # each run's room as read, for the refusal
+    current: object = None  # the run text of the previous row (the encoder reuses the object)
+    left: int | None = None
+    for row in rows:
+        run_id = row[1]
+        if run_id is not current:
+            if isinstance(current, str):
+                room[current] = left
+            current = run_id
+            if run_id in room:
+                left = room[run_id]
+            else:
+                found = conn.execute(SELECT_JOB_ROWS, (run_id,)).fetchone()
+                ints = found is not None and all(type(v) is int for v in found)
+                left = max(found[0] - found[1], 0) if ints else None
+                if left is not None:
+                    room_of[run_id] = left
+        if left is not None:
+            # One past the room: the call adds at least room + 1, unless this job's id is
+            # taken (stored before, or given earlier in the call), which the insert then
+            # refuses as that, as it would have without this check.
+            if left <= 0 and conn.execute(SELECT_JOB_RUN, (row[0],)).fetchone() is None:
+                _refuse_job_rows(run_id, room_of[run_id] + 1, conn, at_least=True)
+            left -= 1
+        yield row
 
 
 def _inserted_by_this_call(job_id: str, inserted: int, conn: sqlite3.Connection) -> bool | None:
@@ -2621,7 +2679,9 @@ class RaisedByCaller(Exception):
         self.raised = raised
 
 
-def _refuse_job_rows(run_id: str, added: int, conn: sqlite3.Connection) -> NoReturn:
+def _refuse_job_rows(
+    run_id: str, added: int, conn: sqlite3.Connection, *, at_least: bool = False
+) -> NoReturn:
     """Raise the error that explains why ADD_JOB_ROWS changed nothing (the call rolls back)."""
     row = _leniently(conn, lambda: conn.execute(SELECT_JOB_ROWS, (run_id,)).fetchone())
     if row is None:  # only if foreign keys were off on this connection: the FK refuses it
@@ -2642,9 +2702,15 @@ def _refuse_job_rows(run_id: str, added: int, conn: sqlite3.Connection) -> NoRet
         if room
         else "it has all its jobs; put further jobs in a new run"
     )
+    # at_least: refused at the first job past the room (a generator's), the rest unread.
+    adds = (
+        f"at least {added:,} more (refused at the first job too many)"
+        if at_least
+        else (f"{added:,} more")
+    )
     raise ConstraintError(
         f"run {run_id} has job_count {job_count:,} and {counted(job_rows, 'job')} already; this "
-        f"call would add {added:,} more; no job of this call was inserted: {fix} (a run's "
+        f"call would add {adds}; no job of this call was inserted: {fix} (a run's "
         "job_count is fixed when it is inserted)"
     )
 
@@ -3924,16 +3990,22 @@ class SqliteBackend:
             self._closing = True
             stop_worker(self._conn)
 
-    def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+    def __del__(
+        self,
+        _warn: Callable[..., None] = warnings.warn,
+        _process: type[_Process] = _Process,
+        _stop: Callable[[aiosqlite.Connection], None] = stop_worker,
+    ) -> None:
         # Collected without close(): stop the worker thread and say so, as asyncio does for an
-        # unclosed event loop. _warn is bound at definition: at interpreter exit the warnings
-        # module may be gone before this runs. In a forked child there is no thread to stop,
-        # and the parent's store is not this process's to warn about.
-        if getattr(self, "_pid", None) != _Process.pid:
+        # unclosed event loop. _warn, _process and _stop are bound at definition: at
+        # interpreter exit this module's globals (and the warnings module) may be gone (None)
+        # before this runs. In a forked child there is no thread to stop, and the parent's
+        # store is not this process's to warn about.
+        if getattr(self, "_pid", None) != _process.pid:
             return
         if not getattr(self, "_closing", True):  # True too if __init__ failed before it
             self._closing = True
-            stop_worker(self._conn)
+            _stop(self._conn)
             _warn(
                 f"the store for {self._database} was never closed; close it with "
                 "'async with Store.connect(...) as store' or 'await store.close()'",

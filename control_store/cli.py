@@ -912,7 +912,7 @@ async def _summarise(store: Store, run: Run) -> _Summary:
         overall.add(outcome)
         tally.add(outcome)
         error = outcome.error
-        if error:
+        if error is not None:  # "" too (str() of a TimeoutError()): an error, as counted above
             if error in errors:
                 errors[error] += 1
             elif len(errors) < MAX_DISTINCT_ERRORS and error_chars + len(error) <= MAX_ERROR_CHARS:
@@ -993,7 +993,8 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
         out.print()
         out.print("most common errors:")
         for error, n in errors.most_common(5):
-            out.print(f"  {n:>6,}  {_clip(_printable(error), out.width - 10, out.ellipsis)}")
+            shown_error = _printable(error) if error else "(no message)"
+            out.print(f"  {n:>6,}  {_clip(shown_error, out.width - 10, out.ellipsis)}")
         if untallied:
             out.print(
                 f"  {untallied:>6,}  more, not tallied by message: only the first "

@@ -491,6 +491,35 @@ def test_show_prints_the_run_for_a_person(
     assert "boom\\nat line 2" in out  # one line: its newline escaped
 
 
+def test_show_tallies_an_error_with_an_empty_message(
+    capsys: pytest.CaptureFixture[str], db_path: Path
+) -> None:
+    """An outcome with error="" (str() of a TimeoutError() or a KeyError() is empty) counts
+    as an error in the totals and in the tally by message, so the tally adds up to the total:
+    in --json as "", for a person as "(no message)"."""
+
+    async def fill() -> Run:
+        async with Store.connect(db_path) as store:
+            run = make_run(job_count=3)
+            jobs = make_jobs(run, 3)
+            await store.insert_run(run, jobs=jobs)
+            await store.record_job_outcomes(
+                run.id,
+                [JobOutcome(jobs[0].id, error=""), JobOutcome(jobs[1].id, error="")],
+            )
+            return run
+
+    run = asyncio.run(fill())
+    code, out, err = run_cli(capsys, "show", str(run.id), "--json", "--url", str(db_path))
+    assert (code, err) == (0, "")
+    shown = json.loads(out)
+    assert shown["outcomes"]["errors"] == 2
+    assert shown["errors"] == [{"error": "", "count": 2}]
+    code, out, _ = run_cli(capsys, "show", str(run.id), "--url", str(db_path))
+    assert code == 0
+    assert "most common errors:\n       2  (no message)\n" in out
+
+
 def test_show_writes_a_year_before_1000_with_four_digits(
     capsys: pytest.CaptureFixture[str], db_path: Path
 ) -> None:

@@ -990,8 +990,19 @@ async def test_a_text_longer_than_sqlite_keeps_is_invalid_input(store: Store) ->
     assert str(caught.value).startswith(f"outcomes[1]: {named}"), caught.value
     with pytest.raises(InvalidInputError, match=r"longer than SQLite keeps"):
         await store.insert_run(Run("m" * 20_000, ["a"], 1, 1))
+    # A job's too: named by its place in the batch and its id, as an outcome is.
+    other = make_run(job_count=3)
+    await store.insert_run(other)
+    fine, huge = make_jobs(other, 2)
+    huge = msgspec.structs.replace(huge, spec=EvalJob("a", "x" * 20_000, 0))
+    for jobs in ([fine, huge], iter([fine, huge])):
+        with pytest.raises(InvalidInputError) as caught:
+            await store.insert_jobs(jobs)
+        assert str(caught.value).startswith(f"jobs[1]: job {huge.id}, its spec "), caught.value
+        assert "longer than SQLite keeps" in str(caught.value)
+    assert await store.list_jobs(other.id) == []
     assert await store.get_job(job.id) == job
-    assert len(await store.list_runs()) == 1
+    assert len(await store.list_runs()) == 2
 
 
 def test_a_text_over_two_gigabytes_is_invalid_input() -> None:

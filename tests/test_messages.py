@@ -777,3 +777,30 @@ async def test_a_lost_tracking_row_is_named_not_called_pending(db_path: Path) ->
     follow_advice(db_path, caught.value, r"put the row back: (INSERT INTO .*?); else")
     async with Store.connect(db_path) as store:
         assert await store.check() == []
+
+
+@pytest.mark.parametrize("number", [2**128, -1, "x", None])
+async def test_an_exact_uuid_whose_slot_holds_no_128_bit_number_is_refused(
+    store: Store, number: object
+) -> None:
+    """An exact uuid.UUID whose ``int`` slot was set to something no UUID holds (by
+    object.__setattr__, or a crafted pickle's __setstate__) is the InvalidInputError naming
+    the field, as a subclass's unreadable value is: never msgspec's raw TypeError or
+    OverflowError, nor "a value longer than SQLite keeps"; nothing is stored."""
+    run = make_run(3)
+    await store.insert_run(run)
+    bad = uuid.UUID.__new__(uuid.UUID)
+    bad.__setstate__({"int": number})  # type: ignore[attr-defined]
+    calls: list[tuple[Callable[[], Awaitable[object]], str]] = [
+        (lambda: store.insert_run(Run("m", ["a"], 1, 1, id=RunId(bad))), r"Run\.id"),
+        (lambda: store.insert_jobs([Job(run.id, EvalJob("a", "x", 0), id=JobId(bad))]), r"Job\.id"),
+        (lambda: store.insert_jobs([Job(RunId(bad), EvalJob("a", "x", 0))]), "run_id"),
+        (lambda: store.record_job_outcome(run.id, JobOutcome(bad)), r"JobOutcome\.job_id"),
+        (lambda: store.record_job_outcomes(run.id, [JobOutcome(bad)]), r"JobOutcome\.job_id"),
+    ]
+    for call, field in calls:
+        with pytest.raises(InvalidInputError, match=f"{field}.*cannot be read"):
+            await call()
+    assert await store.list_runs() == [run]
+    assert await store.list_jobs(run.id) == []
+    assert await store.check() == []

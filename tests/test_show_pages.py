@@ -52,7 +52,9 @@ async def _reference_summarise(store: Store, run: Run) -> cli._Summary:
         for model in dict.fromkeys([*run.models, *(job.spec.model for job in jobs)])
     }
     errors = Counter(
-        job.outcome.error for job in jobs if job.outcome is not None and job.outcome.error
+        job.outcome.error
+        for job in jobs
+        if job.outcome is not None and job.outcome.error is not None
     )
     return cli._Summary(counts, _reference_scores(jobs), per_model, errors, 0)
 
@@ -103,7 +105,8 @@ def test_show_prints_what_the_list_way_printed_for_a_run_of_several_pages(
     shown = json.loads(after[1])
     assert sum(shown["jobs"].values()) == JOBS
     assert list(shown["models"]) == ["m-b", "m-a", "m-c", "stray"]
-    assert {e["error"] for e in shown["errors"]} == set(ERRORS) - {""}  # "" is no message
+    assert {e["error"] for e in shown["errors"]} == set(ERRORS)  # "" too: an error all the same
+    assert sum(e["count"] for e in shown["errors"]) == shown["outcomes"]["errors"]
     assert "errors_not_tallied" not in shown
     assert "most common errors:" in after[0]
 

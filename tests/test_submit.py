@@ -178,6 +178,38 @@ async def test_an_endless_generator_is_refused_at_the_first_job_too_many(store: 
     await assert_absent(store, run)
 
 
+async def test_insert_jobs_refuses_an_endless_generator_at_the_first_job_too_many(
+    store: Store,
+) -> None:
+    """insert_jobs, too, refuses a generator's first job past its run's room as it comes (the
+    run's job_count less the jobs it has, per run, a batch of two runs too), not after
+    reading it (under the write lock, growing the -wal) for as long as it runs; nothing of
+    the call is stored."""
+    run, other = make_run(job_count=3), make_run(job_count=5)
+    await store.insert_run(run)
+    await store.insert_run(other)
+    await store.insert_jobs(make_jobs(run, 1))
+    pulled = 0
+
+    def endless() -> Iterator[Job]:  # bounded only so that a regression fails, not hangs
+        nonlocal pulled
+        while pulled < 100_000:
+            pulled += 1
+            owner = other if pulled % 2 else run
+            yield Job(owner.id, EvalJob("m", f"s{pulled}", 0))
+
+    with pytest.raises(
+        ConstraintError,
+        match=rf"run {run.id} has job_count 3 and 1 job already; this call would add at least "
+        r"3 more .*insert at most 2 more jobs.*consumed it",
+    ):
+        await store.insert_jobs(endless())
+    assert pulled == 6  # run's third job of the call, the one past its room of 2
+    assert len(await store.list_jobs(run.id)) == 1
+    assert await store.list_jobs(other.id) == []
+    assert await store.check() == []
+
+
 async def test_an_existing_run_or_a_bad_job_inserts_nothing(store: Store) -> None:
     """A run id already stored (AlreadyExistsError), an invalid job (InvalidInputError), or the
     caller's own iterable failing (its exception, as raised): no job of the call is stored."""

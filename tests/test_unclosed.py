@@ -136,3 +136,27 @@ async def test_a_store_dropped_in_a_reference_cycle_warns_once(tmp_path: Path) -
         f"the store for database {db!r} was never closed; close it with "
         "'async with Store.connect(...) as store' or 'await store.close()'"
     ], every
+
+
+async def test_a_store_collected_after_its_module_was_torn_down_raises_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At interpreter exit a module's globals may be None before an unclosed store is
+    collected (measured: a module-level store next to a hypothesis test, its loop left open):
+    the finalizer then still stops the worker, with no "Exception ignored in ... __del__"
+    traceback (an unraisable exception, which pytest reports under -W error)."""
+    store = await Store.connect(tmp_path / "late.db")
+    backend = store._backend
+    assert backend is not None
+    thread = backend._conn._thread
+    monkeypatch.setattr(_sqlite, "_Process", None)  # as module teardown leaves them
+    monkeypatch.setattr(_sqlite, "stop_worker", None)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        del store, backend
+        gc.collect()
+    assert any(w.category is ResourceWarning for w in seen), [str(w.message) for w in seen]
+    del seen
+    gc.collect()
+    thread.join(EXIT_WAIT)
+    assert not thread.is_alive()
