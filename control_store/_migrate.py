@@ -21,6 +21,7 @@ from .errors import (
     DirtyMigrationError,
     MigrationChangedError,
     MigrationError,
+    StorageError,
     UnknownMigrationError,
 )
 from .models import utc_now
@@ -73,8 +74,28 @@ def checksum(sql_bytes: bytes) -> bytes:
 
 
 def load_migrations(backend: str, directory: Path | None = None) -> list[Migration]:
-    """Every migration of ``backend``, in version order."""
+    """Every migration of ``backend``, in version order.
+
+    Read at each connect (and by migrate(), migration_status(), check()): a process at its
+    limit of open files, or a file system failing, makes that read fail, which is a
+    StorageError (retryable), never the raw OSError.
+    """
     root = migrations_dir(backend) if directory is None else directory
+    try:
+        return _load_migrations(root)
+    except OSError as exc:
+        error = StorageError(
+            f"could not read control_store's migration files in {str(root)!r} [{exc}]; "
+            "nothing was changed: if the process is at its limit of open files "
+            "(errno EMFILE, 'Too many open files'), close some (each open store holds three) "
+            "or raise the limit (ulimit -n), then retry; otherwise make the directory "
+            "readable, or reinstall control-store"
+        )
+        error.retryable = True
+        raise error from exc
+
+
+def _load_migrations(root: Path) -> list[Migration]:
     found: dict[int, Migration] = {}
     for path in sorted(root.iterdir()):
         if path.suffix != ".sql":

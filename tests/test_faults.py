@@ -13,6 +13,7 @@ import re
 import shutil
 import sqlite3
 import stat
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -1033,3 +1034,65 @@ async def test_a_deleted_file_behind_a_symlink_is_not_made_anew(db_path: Path) -
     await store.insert_run(make_run())
     await store.close()
     await assert_sound(db_path)
+
+
+async def test_stores_of_this_process_connecting_at_once_to_a_new_file_all_open(
+    tmp_path: Path,
+) -> None:
+    """Several connects of one process to a file none has made yet: each sees the others'
+    half-made files and still opens (the refusal above is for a -wal gone under an open store,
+    not for one not made yet)."""
+    for attempt in range(5):
+        path = tmp_path / f"new{attempt}.db"
+        stores = await asyncio.gather(*(Store.connect(path) for _ in range(6)))
+        await asyncio.gather(*(store.close() for store in stores))
+
+
+_EMFILE_TEST = """
+import asyncio, os, resource, sys
+from control_store import ControlError, Store, StorageError
+
+async def main() -> None:
+    store = await Store.connect(sys.argv[1])
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    seen = set()
+    # From no free descriptor to a few: each limit fails a different step of the connect
+    # (SQLite's own open, or the read of the migration files); never with a raw OSError.
+    for free in range(4):
+        in_use = len(os.listdir("/proc/self/fd")) - 1
+        resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + free, hard))
+        for call in (store.migration_status, lambda: Store.connect(sys.argv[2] + str(free))):
+            try:
+                got = await call()
+            except ControlError as exc:
+                seen.add(type(exc).__name__ + (" retryable" if exc.retryable else ""))
+            except BaseException as exc:
+                seen.add("raw " + type(exc).__name__)
+            else:
+                if isinstance(got, Store):
+                    await got.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    await store.close()
+    print(sorted(seen))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_a_process_at_its_open_file_limit_gets_a_storage_error_not_a_raw_oserror(
+    tmp_path: Path,
+) -> None:
+    """At the limit of open files, connect() and migration_status() fail reading the migration
+    files (os.listdir): a retryable StorageError, as SQLite's own failure to open is, never a
+    raw OSError."""
+    done = subprocess.run(
+        [sys.executable, "-c", _EMFILE_TEST, str(tmp_path / "a.db"), str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    seen = done.stdout.strip()
+    assert "raw" not in seen, seen
+    assert "StorageError retryable" in seen, seen
