@@ -1091,6 +1091,19 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
                 f"[{detail}]; nothing of this call was written: free space and retry"
             )
             error.retryable = True
+        elif name == "SQLITE_READONLY_ROLLBACK":
+            # A file in rollback-journal mode (switched out of WAL, as for a copy on read-only
+            # media) whose writer died inside a transaction: its hot -journal must be rolled
+            # back before anyone reads, which a read-only connection may not do. Nothing about
+            # permissions; and no retry cures it until a writable connection has opened it.
+            error = StorageError(
+                f"{database} has a hot rollback journal (its -journal file, left by a writer "
+                f"that stopped inside a transaction) [{detail}], which a "
+                "read-only connection cannot roll back; nothing was written: open the database "
+                "once for writing (control-store migrate, a store without read_only, or sqlite3 "
+                "FILE 'PRAGMA quick_check'), with the -journal beside it, so SQLite rolls that "
+                "transaction back; on read-only media, do so on a writable copy of both files"
+            )
         elif name.startswith("SQLITE_READONLY"):
             error = StorageError(
                 f"{database} is read-only [{detail}]; nothing was written: make the file, its "

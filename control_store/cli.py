@@ -176,21 +176,54 @@ class Terminal:
         filling up) CPython's text layer drops the rest without an error (measured: 132 KB of
         JSON into `head -c 100` exited 0). Through the buffer, the rest is written again, and
         the failure is raised."""
-        try:
-            for start in range(0, len(text), _PIECE):
-                self.stream.write(text[start : start + _PIECE])
-        except OSError as exc:
-            raise OutputError(exc) from exc
+        with _writing():
+            try:
+                for start in range(0, len(text), _PIECE):
+                    self.stream.write(text[start : start + _PIECE])
+            except OSError as exc:
+                raise OutputError(exc) from exc
 
     def flush(self) -> None:
-        try:
-            self.stream.flush()
-        except OSError as exc:
-            raise OutputError(exc) from exc
+        with _writing():
+            try:
+                self.stream.flush()
+            except OSError as exc:
+                raise OutputError(exc) from exc
 
     def json(self, value: object) -> str:
         """``value`` as JSON this stream can encode: non-ASCII escaped unless it is Unicode."""
         return _json(value, ascii_only=not self.unicode)
+
+
+# Whether the command is inside a write to its output, and the stop signals that came then (see
+# _unblock_output).
+_WRITING: Final = [False]
+_STOPPED_WRITING: Final[list[int]] = []
+
+
+@contextlib.contextmanager
+def _writing() -> Iterator[None]:
+    _WRITING[0] = True
+    try:
+        yield
+    finally:
+        _WRITING[0] = False
+
+
+def _unblock_output(signum: int, frame: object) -> None:
+    """The Python-level handler of a stop signal, set under asyncio's (which still learns of
+    the signal through its wakeup fd, and stops the command as ever).
+
+    asyncio's own handler does nothing: a write(2) blocked on a full pipe (a reader that
+    stalls: ssh, a paused consumer) was retried after it and never returned to the event loop,
+    so the signal waited for as long as the reader stalled, and was lost when the reader then
+    went away (exit 1, nothing said). Here, a signal that comes during a write points stdout
+    at devnull: the write completes, and the command stops as it does for a signal at any
+    other time, its finally-clauses run in order. What it had left to print is dropped: it was
+    stopping."""
+    if _WRITING[0]:
+        _STOPPED_WRITING.append(signum)
+        _silence_stdout()
 
 
 # Characters per write: at most 8 KiB in UTF-8 (4 bytes a character), io.DEFAULT_BUFFER_SIZE.
@@ -993,7 +1026,8 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
         out.print()
         out.print("most common errors:")
         for error, n in errors.most_common(5):
-            shown_error = _printable(error) if error else "(no message)"
+            # Cut as the stream shows it: on one that cannot encode a character, its escape.
+            shown_error = out.shown(_printable(error)) if error else "(no message)"
             out.print(f"  {n:>6,}  {_clip(shown_error, out.width - 10, out.ellipsis)}")
         if untallied:
             out.print(
@@ -1669,7 +1703,14 @@ async def _supervise(
     """
     loop = asyncio.get_running_loop()
     args.open_stores = []
-    task = loop.create_task(command(args, out))
+    _STOPPED_WRITING.clear()  # a signal an earlier main() in this process got
+
+    async def run() -> int:
+        code = await command(args, out)
+        out.flush()  # here, where a stop signal that comes while it is blocked ends it
+        return code
+
+    task = loop.create_task(run())
     received: list[int] = []
 
     def interrupt() -> None:
@@ -1694,12 +1735,17 @@ async def _supervise(
         except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
             continue
         installed.append((signum, previous))
+        signal.signal(signum, _unblock_output)
     try:
-        return await task
+        code = await task
     except asyncio.CancelledError:
         if received:
             raise Interrupted(received[0]) from None
         raise
+    else:
+        if _STOPPED_WRITING:  # its last write, ended by the signal before asyncio's stop came
+            raise Interrupted(_STOPPED_WRITING[0])
+        return code
     finally:
         for signum, previous in installed:
             loop.remove_signal_handler(signum)
@@ -1867,7 +1913,6 @@ def _main(args: argparse.Namespace) -> int:
     out = Terminal.of(sys.stdout)
     try:
         code = asyncio.run(_supervise(command, args, out, partial(_exit_now, args, started)))
-        out.flush()  # here, so that a failed write is caught below, not at exit
     except (ControlError, Failure) as exc:
         # One line, whatever the message held; other whitespace kept (a path's double space).
         message = _LINE_BREAKS.sub(" ", str(exc))

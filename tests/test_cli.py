@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import fcntl
 import importlib.metadata
 import io
 import json
@@ -21,6 +22,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import termios
 import time
 import unicodedata
 import uuid
@@ -1741,6 +1743,105 @@ def test_json_cut_short_by_its_reader_is_no_success(tmp_path: Path) -> None:
     assert child.wait(timeout=60) == 1
     assert child.stderr.read() == b""
     child.stderr.close()
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX signals")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_ends_a_command_whose_reader_stalls(tmp_path: Path, signum: int) -> None:
+    """Output blocked on a full pipe whose reader stalls (ssh, a paused consumer): a stop signal
+    still ends the command at once, as documented, with its line and 128 + signum. asyncio's
+    handler only wakes the loop, which a blocked write(2) never returns to: the signal waited for
+    as long as the reader stalled, and was lost when the reader then went away (exit 1)."""
+    path = tmp_path / "big.db"
+
+    async def fill() -> None:
+        async with Store.connect(path) as store:
+            await store.insert_run(Run("m" * 300_000, ["a"], 1, 1))  # more than a pipe holds
+
+    asyncio.run(fill())
+    read, write = os.pipe()  # never read until the child has ended
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "control_store", "runs", "--url", str(path)],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            env=_clean_env(),
+        )
+        os.close(write)
+        deadline = time.monotonic() + 60
+        while int.from_bytes(fcntl.ioctl(read, termios.FIONREAD, bytes(4)), sys.byteorder) < 60_000:
+            assert time.monotonic() < deadline, "the child never filled the pipe"
+            time.sleep(0.05)
+        time.sleep(0.3)  # the child is blocked in write(2)
+        child.send_signal(signum)
+        try:
+            _, err = child.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            pytest.fail(f"still running 10 s after {signal.Signals(signum).name}")
+        assert child.returncode == 128 + signum, err
+        (line,) = err.decode().splitlines()
+        assert line.startswith("control-store: interrupted")
+    finally:
+        os.close(read)
+
+
+def test_a_hot_rollback_journal_is_named_not_called_a_permission_problem(
+    capsys: pytest.CaptureFixture[str], populated: tuple[Path, Run, Run]
+) -> None:
+    """A file switched out of WAL mode (README's recipe for read-only media) whose writer died
+    inside a transaction keeps a hot -journal, which a read-only connection may not roll back
+    (SQLITE_READONLY_ROLLBACK). The read commands said "is read-only ... make the file, its
+    -wal and -shm files and its directory writable ..., then retry", exit 3, of a writable file
+    that no retry cures; they name the journal and the cure, exit 1, and change nothing."""
+    db, _, _ = populated
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=DELETE")
+    conn.close()
+    crash = (
+        "import os, sqlite3, sys\n"
+        "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "c.execute('PRAGMA cache_size=1'); c.execute('BEGIN IMMEDIATE')\n"
+        'c.execute("UPDATE runs SET manifest = manifest || zeroblob(100000)")\n'
+        "os._exit(0)\n"
+    )
+    subprocess.run([sys.executable, "-c", crash, str(db)], check=True)
+    assert Path(f"{db}-journal").exists()
+    before = _digests(db.parent)
+    for command in (["runs"], ["check"], ["migrate", "--status"]):
+        assert_one_line_error(
+            run_cli(capsys, *command, "--url", str(db)), "hot rollback journal", "for writing"
+        )
+    assert _digests(db.parent) == before
+
+
+@pytest.mark.parametrize("unicode", [True, False], ids=["utf-8", "ascii"])
+def test_show_cuts_an_error_to_the_width_as_the_stream_shows_it(
+    tmp_path: Path, unicode: bool
+) -> None:
+    """show's most common errors fit the terminal on a stream that cannot encode them too: they
+    were cut to the width before their characters became escapes, six columns each, so a line
+    of CJK on an ASCII terminal of 80 columns took 211 and wrapped."""
+    path = tmp_path / "errors.db"
+    run = make_run(1)
+
+    async def fill() -> None:
+        async with Store.connect(path) as store:
+            await store.insert_run(run)
+            (job,) = make_jobs(run)
+            await store.insert_jobs([job])
+            await store.record_job_outcome(run.id, JobOutcome(job.id, error="漢" * 60))
+
+    asyncio.run(fill())
+    stream = io.StringIO()
+    term = cli.Terminal(stream, tty=True, unicode=unicode, color=False, width=80, encoding="ascii")
+    args = argparse.Namespace(url=str(path), run_id=run.id, json=False, open_stores=[])
+    assert asyncio.run(cli.cmd_show(args, term)) == 0
+    lines = stream.getvalue().splitlines()
+    error = lines[lines.index("most common errors:") + 1]
+    assert ("漢" in error) is unicode
+    assert cli._columns(error) <= 80, error
 
 
 def _shell(command: str, *argv: str) -> Result:
