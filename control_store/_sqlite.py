@@ -859,10 +859,13 @@ def _check_own_wal(
     closing last deletes the -wal a moment before it lets the file go."""
     if "-wal" not in missing or _header(path)[18:20] != b"\x02\x02":
         return  # a -shm is shared; a rollback-journal file needs neither
+    # Only a store that has seen its -wal can have lost it: one still connecting (opened, its
+    # first read not made yet) makes it once its connect goes on, which this look, on the
+    # event loop's thread, would hold up for as long as it waited.
     for attempt in range(_SIDECAR_LOOKS):
         if attempt:
             time.sleep(_SIDECAR_PAUSE)
-        if os.path.lexists(f"{target}-wal") or not _held(identity):
+        if os.path.lexists(f"{target}-wal") or not _held(identity, with_wal=True):
             return
     raise ConfigurationError(
         f"cannot open {name}: {f'{target}-wal'!r} is missing while a store of this process has "
@@ -1100,9 +1103,10 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
                 f"{database} has a hot rollback journal (its -journal file, left by a writer "
                 f"that stopped inside a transaction) [{detail}], which a "
                 "read-only connection cannot roll back; nothing was written: open the database "
-                "once for writing (control-store migrate, a store without read_only, or sqlite3 "
-                "FILE 'PRAGMA quick_check'), with the -journal beside it, so SQLite rolls that "
-                "transaction back; on read-only media, do so on a writable copy of both files"
+                "once for writing, with the -journal beside it, so SQLite rolls that "
+                "transaction back: sqlite3 FILE 'PRAGMA quick_check' keeps the file out of WAL "
+                "mode (control-store migrate, or a store without read_only, would switch it "
+                "back); on read-only media, do so on a writable copy of both files"
             )
         elif name.startswith("SQLITE_READONLY"):
             error = StorageError(
@@ -1395,11 +1399,21 @@ class _Opened(NamedTuple):
 _FILES: Final[dict[sqlite3.Connection, _Opened]] = {}
 
 
-def _held(identity: tuple[int, int], *, besides: sqlite3.Connection | None = None) -> bool:
+# The connections that have seen their file's -wal (refuse_replaced_wal_files recorded it).
+_SAW_WAL: Final[set[sqlite3.Connection]] = set()
+
+
+def _held(
+    identity: tuple[int, int],
+    *,
+    besides: sqlite3.Connection | None = None,
+    with_wal: bool = False,
+) -> bool:
     """Whether a store's connection has the file ``identity`` open; ``besides``, a connection
-    not to count (the one whose connect asks)."""
+    not to count (the one whose connect asks); ``with_wal``: only one that has seen its -wal."""
     return any(
-        opened.identity == identity and raw is not besides for raw, opened in list(_FILES.items())
+        opened.identity == identity and raw is not besides and (not with_wal or raw in _SAW_WAL)
+        for raw, opened in list(_FILES.items())
     )
 
 
@@ -1495,6 +1509,7 @@ def _close_quietly(raw: sqlite3.Connection) -> None:
     with contextlib.suppress(Exception):
         raw.close()
     _FILES.pop(raw, None)
+    _SAW_WAL.discard(raw)
     _OPEN.discard(raw)
 
 
@@ -4813,6 +4828,8 @@ class _Worker:
             known = self.wal_files[index]
             if known is None:
                 self.wal_files[index] = now
+                if index == 0 and now is not None and self.raw in _FILES:
+                    _SAW_WAL.add(self.raw)
             elif now != known:
                 raise StorageError(
                     f"{base + suffix!r}, the {what} of {self.database}, was deleted, moved or "

@@ -1096,3 +1096,19 @@ def test_a_process_at_its_open_file_limit_gets_a_storage_error_not_a_raw_oserror
     seen = done.stdout.strip()
     assert "raw" not in seen, seen
     assert "StorageError retryable" in seen, seen
+
+
+async def test_stores_of_this_process_connecting_at_once_to_a_closed_wal_file_all_open(
+    tmp_path: Path,
+) -> None:
+    """Several connects of one process to a file in WAL mode that was closed cleanly (no -wal,
+    no -shm): the first one's connection is open before its first read makes the -wal, and
+    the look at the -wal runs on the event loop's thread, which that connect needs to go on:
+    no -wal came in the second it waited, and every other connect was refused."""
+    path = tmp_path / "closed.db"
+    async with Store.connect(path):
+        pass
+    assert not Path(f"{path}-wal").exists()
+    for _ in range(5):
+        stores = await asyncio.gather(*(Store.connect(path) for _ in range(4)))
+        await asyncio.gather(*(store.close() for store in stores))
