@@ -818,10 +818,13 @@ def test_a_close_cut_short_by_its_loop_ending_leaves_no_traceback_on_the_worker(
             loop.run_until_complete(asyncio.sleep(0))
             if not on.backend._conn._running:
                 break
-        # What asyncio.run does as it ends: cancel every task, let them finish, close.
-        for task in (on.held, closing):
+        # What asyncio.run does as it ends: cancel every task (the store's own closing task
+        # too), let them finish, close.
+        left = asyncio.all_tasks(loop)
+        assert {on.held, closing} <= left
+        for task in left:
             task.cancel()
-        loop.run_until_complete(asyncio.gather(on.held, closing, return_exceptions=True))
+        loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
     finally:
         loop.close()
     on.hold.set()
