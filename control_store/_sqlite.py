@@ -1104,9 +1104,9 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
                 f"that stopped inside a transaction) [{detail}], which a "
                 "read-only connection cannot roll back; nothing was written: open the database "
                 "once for writing, with the -journal beside it, so SQLite rolls that "
-                "transaction back: sqlite3 FILE 'PRAGMA quick_check' keeps the file out of WAL "
-                "mode (control-store migrate, or a store without read_only, would switch it "
-                "back); on read-only media, do so on a writable copy of both files"
+                "transaction back: sqlite3 FILE 'PRAGMA quick_check' keeps its rollback journal "
+                "(control-store migrate, or a store without read_only, would switch the file "
+                "to a -wal); on read-only media, do so on a writable copy of both files"
             )
         elif name.startswith("SQLITE_READONLY"):
             error = StorageError(
