@@ -26,11 +26,20 @@ import sqlite3
 import stat
 import threading
 import time
+import types
 import urllib.parse
 import uuid
 import warnings
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence, Set
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Sequence,
+    Set,
+)
 from dataclasses import dataclass
 from functools import cache, partial
 from pathlib import Path
@@ -1547,10 +1556,12 @@ def close_on_worker(conn: aiosqlite.Connection) -> asyncio.Future[None]:
     return closed
 
 
-async def _suspend() -> None:
+@types.coroutine
+def _suspend() -> Generator[None, None, None]:
     """Yield to the event loop once, after an inline call ran: as a hop would, every call stays
-    a suspension point, so a task polling the store cannot starve the others."""
-    await asyncio.sleep(0)
+    a suspension point, so a task polling the store cannot starve the others. The bare yield
+    that asyncio.sleep(0) makes, without its own coroutine around it."""
+    yield
 
 
 def on_thread(conn: aiosqlite.Connection, fn: Callable[[], T]) -> asyncio.Future[T]:
@@ -3682,15 +3693,33 @@ class GiveBack:
 
 def op_claim_runs(limit: int, conn: sqlite3.Connection) -> list[Run]:
     rows = _claim(conn, CLAIM_RUNS, (limit,))
-    # (created_at, rowid): the subquery's order. A created_at that is not text can make the
-    # sort fail; decode_runs then raises the CorruptRowError that names it.
-    with contextlib.suppress(TypeError):
-        rows.sort(key=_CLAIM_ORDER)
+    _sort_claimed(rows)
     return _codec.decode_claimed(rows)
 
 
-# (created_at, rowid) of a row of _codec.CLAIMED_COLUMNS.
+def _sort_claimed(rows: list[Any]) -> None:
+    """Sort claimed rows by (created_at, rowid), the subquery's order.
+
+    As two stable sorts on one key each, rowid then created_at, which order the rows as the
+    one (created_at, rowid) key does: a tuple made and compared per row cost ~3x as much
+    (measured: ~10 us for 64 rows, against ~3.5 us). A created_at that is not text can make a
+    sort fail; the rows are then sorted from their fetched order by the one key, as before
+    (which can fail the same way), and decode_claimed raises the CorruptRowError that names it.
+    """
+    fetched = rows[:]
+    try:
+        rows.sort(key=_ROWID)
+        rows.sort(key=_CREATED_AT)
+    except TypeError:
+        rows[:] = fetched
+        with contextlib.suppress(TypeError):
+            rows.sort(key=_CLAIM_ORDER)
+
+
+# (created_at, rowid) of a row of _codec.CLAIMED_COLUMNS, and each alone.
 _CLAIM_ORDER: Final = operator.itemgetter(6, 0)
+_CREATED_AT: Final = operator.itemgetter(6)
+_ROWID: Final = operator.itemgetter(0)
 
 
 def _claim(conn: sqlite3.Connection, sql: str, params: tuple[object, ...]) -> list[Any]:
