@@ -9,6 +9,7 @@ applying them is the backend's job (each in one write transaction with its bookk
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
@@ -84,14 +85,20 @@ def load_migrations(backend: str, directory: Path | None = None) -> list[Migrati
     try:
         return _load_migrations(root)
     except OSError as exc:
+        # Out of descriptors or memory, a retry may cure; a directory gone or unreadable (a
+        # broken install) no retry cures.
+        transient = exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR)
+        fix = (
+            "close some files (each open store holds three) or raise the limit (ulimit -n), "
+            "then retry"
+            if transient
+            else "make the directory readable, or reinstall control-store"
+        )
         error = StorageError(
             f"could not read control_store's migration files in {str(root)!r} [{exc}]; "
-            "nothing was changed: if the process is at its limit of open files "
-            "(errno EMFILE, 'Too many open files'), close some (each open store holds three) "
-            "or raise the limit (ulimit -n), then retry; otherwise make the directory "
-            "readable, or reinstall control-store"
+            f"nothing was changed: {fix}"
         )
-        error.retryable = True
+        error.retryable = transient
         raise error from exc
 
 

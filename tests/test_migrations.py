@@ -17,6 +17,7 @@ from control_store import (
     MigrationChangedError,
     MigrationError,
     PendingMigrationError,
+    StorageError,
     Store,
     UnknownMigrationError,
     _migrate,
@@ -652,3 +653,15 @@ async def test_an_index_made_by_hand_under_0003s_name_is_no_lost_migration(
     follow_advice(path, problem.message, r"; (CREATE INDEX .*)$")
     async with Store.connect(path) as store:
         assert await store.check() == []
+
+
+def test_a_migrations_directory_that_cannot_be_read_is_a_storage_error_no_retry_cures(
+    tmp_path: Path,
+) -> None:
+    """A broken install (the migrations directory gone) is a StorageError naming it and the
+    fix, not retryable: only running out of descriptors or memory is (exit 3 in the CLI would
+    tell a user to retry what no retry cures)."""
+    missing = tmp_path / "gone"
+    with pytest.raises(StorageError, match=r"gone.*reinstall control-store") as caught:
+        _migrate.load_migrations("sqlite", missing)
+    assert caught.value.retryable is False
