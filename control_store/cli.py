@@ -318,6 +318,21 @@ def _printable(text: str, *, data: bool = True) -> str:
     return text
 
 
+# What a list of model names writes itself (", " between names, " +N" for those left out), and
+# the quote that marks a name holding one.
+_LIST_MARKS: Final = re.compile(r"[,+']")
+
+
+def _listed(name: str) -> str:
+    """A model name as a list of names shows it (_printable), quoted where it holds what the
+    list itself writes, so the one model "a, b" never shows as the models "a" and "b", nor
+    "b +1" as "b" and one more; a quote in it is escaped."""
+    shown = _printable(name)
+    if shown and not _LIST_MARKS.search(shown):
+        return shown
+    return "'" + shown.replace("'", "\\'") + "'"
+
+
 def _drawn(char: str) -> bool:
     """Whether output for people shows ``char`` as itself, not as its escape (_printable)."""
     return unicodedata.category(char) not in _ESCAPED_CATEGORIES and not _IGNORABLE.match(char)
@@ -802,7 +817,7 @@ def _runs_table(
     # The column is as wide as its heading at least, which the table shows whatever is left.
     room = max(out.width - used, len(header[-1]))
     for row, run in zip(rows, runs, strict=True):
-        names = [out.shown(_printable(m)) for m in run.models]
+        names = [out.shown(_listed(m)) for m in run.models]
         row.append(_fit_names(names, room, out.ellipsis))
     return _table(out, header, rows, after=after, status=1)
 
@@ -997,7 +1012,7 @@ async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
         ("status", out.paint(run.status.value, _STATUS_COLOR[run.status.value])),
         ("progress", f"{out.bar(run.done_count, run.job_count, 24)} {_fraction(run)}"),
         ("manifest", _printable(run.manifest)),
-        ("models", _printable(", ".join(run.models))),
+        ("models", ", ".join(map(_listed, run.models))),
         ("epochs", str(run.epochs)),
         ("created", f"{created} ({_age(run.created_at, now)} ago)"),
         (

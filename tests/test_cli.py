@@ -480,6 +480,40 @@ def test_show_counts_jobs_by_status_and_summarises_outcomes(
     assert shown["errors"] == [{"error": "boom\nat line 2", "count": 1}]
 
 
+@pytest.mark.parametrize(
+    ("models", "listed"),
+    [
+        (["a", "b"], "a, b"),
+        (["a, b"], "'a, b'"),
+        (["b +1"], "'b +1'"),
+        (["it's", "x"], "'it\\'s', x"),
+        ([" lead", "trail "], "\\x20lead, trail\\x20"),
+    ],
+    ids=["two", "comma", "plus", "quote", "spaces"],
+)
+def test_a_list_of_models_quotes_a_name_holding_what_the_list_writes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, models: list[str], listed: str
+) -> None:
+    """The runs table's MODELS cell and show's models line join the names with ", " (and the
+    table adds " +N"): the one model "a, b" showed as the models "a" and "b". A name holding a
+    comma, a plus sign or a quote is quoted, and a space at either end of a name is shown as
+    in a table's cell, in show's line too."""
+    path = tmp_path / "models.db"
+    run = Run("m", models, 1, 1)
+
+    async def fill() -> None:
+        async with Store.connect(path) as store:
+            await store.insert_run(run)
+
+    asyncio.run(fill())
+    code, out, _ = run_cli(capsys, "runs", "--url", str(path))
+    assert code == 0
+    assert out.splitlines()[1].endswith(f"  {listed}"), out
+    code, out, _ = run_cli(capsys, "show", str(run.id), "--url", str(path))
+    assert code == 0
+    assert f"\nmodels    {listed}\n" in out, out
+
+
 def test_show_prints_the_run_for_a_person(
     capsys: pytest.CaptureFixture[str], populated: tuple[Path, Run, Run]
 ) -> None:
