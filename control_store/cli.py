@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TextIO
 
 import msgspec
 
@@ -1511,6 +1511,16 @@ class _Parser(argparse.ArgumentParser):
             super().print_help(file)
         elif not _emitted(self.format_help()):
             self.exit(EXIT_FAILURE)
+
+    def error(self, message: str) -> NoReturn:
+        """argparse's usage error, on stderr only and with its message escaped as every other
+        error is: with stderr closed (2>&-) argparse printed the usage to stdout, into a pipe
+        meant for JSON, and an argument's terminal escapes reached the terminal raw."""
+        if sys.stderr is not None:
+            with contextlib.suppress(OSError):
+                self.print_usage(sys.stderr)
+        _complain(f"{self.prog}: error: {message}")
+        self.exit(EXIT_USAGE)
 
 
 def _common(busy_timeout_default: str) -> _Parser:

@@ -1890,6 +1890,20 @@ def _shell(command: str, *argv: str) -> Result:
     return done.returncode, done.stdout, done.stderr
 
 
+def test_a_usage_error_goes_to_stderr_only_with_its_argument_escaped() -> None:
+    """argparse's own errors keep the CLI's rules: with stderr closed, the usage went to
+    stdout (into a pipe meant for JSON); and an argument's terminal escapes reached the
+    terminal raw, where every other error escapes them."""
+    code, out, err = _shell('exec "$@" 2>&-', "runs", "--json", "--limit", "x")
+    assert (code, out, err) == (cli.EXIT_USAGE, "", "")
+    code, out, err = _shell('exec "$@"', "runs", "x\x1b]0;owned\x07\x1b[2J")
+    assert (code, out) == (cli.EXIT_USAGE, "")
+    assert "\x1b" not in err
+    assert err.splitlines()[-1] == (
+        "control-store: error: unrecognized arguments: x\\x1b]0;owned\\x07\\x1b[2J"
+    )
+
+
 @pytest.mark.parametrize(
     ("url", "fix"),
     [
