@@ -737,6 +737,25 @@ def id_text(value: object) -> str:
     return value if isinstance(value, str) else shown(value)
 
 
+def _unpadded_year_fix(row: Any, column: str, value: str) -> str:
+    """The repair of a timestamp of a year below 1000 that early releases wrote without its
+    leading zeros (glibc's strftime("%Y"): '5-01-01T...'); _BY_HAND for any other text."""
+    year, dash, rest = value.partition("-")
+    padded = year.rjust(4, "0") + dash + rest
+    if not (year.isascii() and year.isdigit() and len(year) < 4 and dash):
+        return _BY_HAND
+    try:
+        _parse_timestamp(padded)
+    except (ValueError, msgspec.DecodeError):
+        return _BY_HAND
+    row_id = id_text(row.row[0]).replace("'", "''")
+    return (
+        f"an early version of control_store wrote it without the year's leading zeros; "
+        f"rewrite it as {padded!r}: UPDATE {row.table} SET {column} = '{padded}' "
+        f"WHERE id = '{row_id}'"
+    )
+
+
 def corrupt_row(
     table: str,
     column: str,
@@ -894,7 +913,7 @@ class _Reader:
         try:
             return _parse_timestamp(value)
         except (ValueError, msgspec.DecodeError) as exc:
-            raise self.corrupt(column, value, why) from exc
+            raise self.corrupt(column, value, why, _unpadded_year_fix(self, column, value)) from exc
 
     @_collecting
     def json(self, index: int, column: str, decode: Any) -> Any:

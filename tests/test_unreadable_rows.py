@@ -57,6 +57,34 @@ async def test_unreadable_run_column_names_table_column_row_and_value(
         assert any(p.row_id == row_id and column in p.message for p in problems)
 
 
+@pytest.mark.parametrize("stored", ["5-01-01T00:00:00.000000Z", "999-12-31T23:59:59.999999Z"])
+async def test_unpadded_year_from_an_early_release_gets_its_exact_repair(
+    db_path: Path, stored: str
+) -> None:
+    """The first release wrote years below 1000 without leading zeros (glibc's %Y) through
+    insert_run: upgraded, such a run blocks every claim_runs() that reaches it, so its error
+    and its check() finding give the UPDATE that rewrites it, and that UPDATE cures it."""
+    run = make_run()
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+    with raw_db(db_path) as conn:
+        conn.execute("UPDATE runs SET created_at = ?", (stored,))
+    padded = stored.rjust(len("0005-01-01T00:00:00.000000Z"), "0")
+    repair = f"UPDATE runs SET created_at = '{padded}' WHERE id = '{run.id}'"
+    async with Store.connect(db_path) as store:
+        with pytest.raises(CorruptRowError) as caught:
+            await store.claim_runs(10)
+        assert repair in str(caught.value)
+        problems = await store.check()
+        assert [p.message for p in problems if repair in p.message], problems
+    with raw_db(db_path) as conn:
+        conn.execute(repair)
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        (claimed,) = await store.claim_runs(10)
+        assert claimed.id == run.id
+
+
 @pytest.mark.parametrize(
     ("column", "value"),
     [("status", "lost"), ("spec", '{"model": 1}'), ("outcome", "[]"), ("attempt", -1)],
