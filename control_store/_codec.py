@@ -71,10 +71,25 @@ _BATCH: Final = 8
 # msgspec also formats a UUID in C, in a quarter of the instructions of str() (a Python-level
 # __str__), and always from its 128-bit value: the canonical text, also for a subclass whose
 # __str__ says something else (stored as that, its row could never be found by a plain UUID).
-uuid_text: Final[Callable[[uuid.UUID], str]] = msgspec.to_builtins
+uuid_text: Callable[[uuid.UUID], str] = msgspec.to_builtins
 _UUID: Final = uuid.UUID
 # The number a UUID holds in its slot, whatever a subclass's own ``int`` says.
 uuid_number: Final[Callable[[uuid.UUID], int]] = vars(uuid.UUID)["int"].__get__
+
+if sys.version_info >= (3, 13):
+    # There msgspec formats a uuid.UUID whose slot holds a number out of range (a crafted
+    # pickle's __setstate__ does not check it) without an error: 2**128 as the nil id, -1 as
+    # ffffffff-...: a wrong id stored. On older Pythons it raises OverflowError, which every
+    # caller explains: raised here first, as that.
+    _UUID_END: Final = 1 << 128
+    _to_builtins: Final = msgspec.to_builtins
+
+    def uuid_text(value: uuid.UUID) -> str:
+        if not 0 <= uuid_number(value) < _UUID_END:
+            raise OverflowError("a UUID's number must be from 0 to 2**128 - 1")
+        text: str = _to_builtins(value)
+        return text
+
 
 # What msgspec raises on stored JSON it cannot read. Its DecodeError (and ValidationError, a
 # DecodeError) is a ValueError from msgspec 0.21 on only: named for older ones. JSON nested
