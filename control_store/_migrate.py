@@ -79,7 +79,7 @@ def load_migrations(backend: str, directory: Path | None = None) -> list[Migrati
 
     Read at each connect (and by migrate(), migration_status(), check()): a process at its
     limit of open files, or a file system failing, makes that read fail, which is a
-    StorageError (retryable), never the raw OSError.
+    StorageError (retryable only for want of descriptors or memory), never the raw OSError.
     """
     root = migrations_dir(backend) if directory is None else directory
     try:
@@ -119,10 +119,17 @@ def _load_migrations(root: Path) -> list[Migration]:
                 f"{version}; give each migration its own version"
             )
         raw = path.read_bytes()
+        try:
+            sql = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MigrationError(
+                f"migration file {path} is not UTF-8 text [{exc}]; the installation is "
+                "damaged: reinstall control-store"
+            ) from None
         found[version] = Migration(
             version=version,
             description=match.group(2).replace("_", " "),
-            sql=raw.decode("utf-8"),
+            sql=sql,
             checksum=checksum(raw),
             path=path,
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import errno
 import math
 import operator
 import os
@@ -1136,6 +1137,15 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
                 "backup; without one, the sqlite3 shell's .recover command copies what is "
                 "still readable into a new database"
             )
+        elif name.startswith("SQLITE_CANTOPEN") and _out_of_descriptors():
+            # SQLite says only "unable to open database file" of a process at its limit of
+            # open files: that limit, not the disk, is what to fix.
+            error = StorageError(
+                f"{database} cannot be opened [{detail}]: this process is at its limit of open "
+                "files; nothing was changed: close some files (each open store holds three) or "
+                "raise the limit (ulimit -n), then retry"
+            )
+            error.retryable = True
         elif name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN")):
             # A disk that fills up mid-write, or a file size limit (RLIMIT_FSIZE, quota), shows
             # as SQLITE_IOERR_WRITE rather than SQLITE_FULL when the write fails outright.
@@ -1554,6 +1564,15 @@ def close_on_worker(conn: aiosqlite.Connection) -> asyncio.Future[None]:
     closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     stop_worker(conn, closed=closed)
     return closed
+
+
+def _out_of_descriptors() -> bool:
+    """Whether this process cannot open one more file for want of descriptors."""
+    try:
+        os.close(os.open(os.devnull, os.O_RDONLY))
+    except OSError as exc:
+        return exc.errno in (errno.EMFILE, errno.ENFILE)
+    return False
 
 
 @types.coroutine

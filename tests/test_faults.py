@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -1112,3 +1113,29 @@ async def test_stores_of_this_process_connecting_at_once_to_a_closed_wal_file_al
     for _ in range(5):
         stores = await asyncio.gather(*(Store.connect(path) for _ in range(4)))
         await asyncio.gather(*(store.close() for store in stores))
+
+
+_EMFILE_MESSAGES = _EMFILE_TEST.replace(
+    'seen.add(type(exc).__name__ + (" retryable" if exc.retryable else ""))',
+    "seen.add(str(exc))",
+).replace("print(sorted(seen))", "import json; print(json.dumps(sorted(seen)))")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_every_failure_at_the_open_file_limit_says_to_close_files_or_raise_the_limit(
+    tmp_path: Path,
+) -> None:
+    """README: at its limit of open files, connect fails with the fix "close files or raise
+    the limit". With no descriptor free SQLite's own open fails first (SQLITE_CANTOPEN), whose
+    message said to check the disk's free space and the file's permissions instead."""
+    done = subprocess.run(
+        [sys.executable, "-c", _EMFILE_MESSAGES, str(tmp_path / "a.db"), str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    messages = json.loads(done.stdout)
+    assert messages
+    for message in messages:
+        assert "ulimit -n" in message, message

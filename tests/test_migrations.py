@@ -665,3 +665,11 @@ def test_a_migrations_directory_that_cannot_be_read_is_a_storage_error_no_retry_
     with pytest.raises(StorageError, match=r"gone.*reinstall control-store") as caught:
         _migrate.load_migrations("sqlite", missing)
     assert caught.value.retryable is False
+
+
+def test_a_migration_file_that_is_not_utf8_is_a_migration_error(tmp_path: Path) -> None:
+    """A damaged install (a migration file that is not UTF-8) is a MigrationError naming the
+    file and the fix, not a raw UnicodeDecodeError from connect."""
+    (tmp_path / "0001_init.sql").write_bytes(b"\xff CREATE TABLE x (a);")
+    with pytest.raises(MigrationError, match=r"0001_init\.sql is not UTF-8.*reinstall"):
+        _migrate.load_migrations("sqlite", tmp_path)
