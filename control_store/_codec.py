@@ -763,7 +763,13 @@ def _unpadded_year_fix(row: Any, column: str, value: str) -> str:
         _parse_timestamp(padded)
     except (ValueError, msgspec.DecodeError):
         return _BY_HAND
-    row_id = id_text(row.row[0]).replace("'", "''")
+    if type(row.row[0]) is not str or "\0" in row.row[0]:
+        # An id that is no text (a BLOB, or text that is no UTF-8, read as its bytes) has no
+        # literal that matches it alone: its repr in quotes matches no row, or another row
+        # whose id is that text. check() reports the id too; once that is fixed, it gives this
+        # UPDATE.
+        return _BY_HAND
+    row_id = row.row[0].replace("'", "''")
     return (
         f"an early version of control_store wrote it without the year's leading zeros; "
         f"rewrite it as {padded!r}: UPDATE {row.table} SET {column} = '{padded}' "

@@ -451,3 +451,29 @@ async def test_a_counter_edited_into_text_refuses_every_write_that_reads_it(
     with raw_db(db_path) as conn:
         assert conn.execute("SELECT * FROM runs").fetchall() == before
         assert conn.execute("SELECT count(*), count(outcome) FROM jobs").fetchone() == (2, 0)
+
+
+@pytest.mark.parametrize(
+    "respell", ["CAST(id AS BLOB)", "CAST(x'ff' || id AS TEXT)"], ids=["blob", "not-utf8"]
+)
+async def test_unpadded_year_repair_never_names_a_row_by_an_id_it_cannot_spell(
+    db_path: Path, respell: str
+) -> None:
+    """A run whose id is no text (a BLOB, or text that is no UTF-8) and whose created_at an
+    early release wrote unpadded gets no UPDATE WHERE id = '<repr of the bytes>': that matches
+    no row, or the other row whose id is that text, which it would rewrite."""
+    damaged, other = make_run(), make_run()
+    async with Store.connect(db_path) as store:
+        await store.insert_run(damaged)
+        await store.insert_run(other)
+    with raw_db(db_path) as conn:
+        conn.execute(
+            f"UPDATE runs SET id = {respell}, created_at = '5-01-01T00:00:00.000000Z' WHERE id = ?",
+            (str(damaged.id),),
+        )
+        conn.execute("UPDATE runs SET id = ? WHERE id = ?", (f"b'{damaged.id}'", str(other.id)))
+    async with Store.connect(db_path) as store:
+        problems = await store.check()
+    found = [p.message for p in problems if "runs.created_at" in p.message]
+    assert found, problems
+    assert not any("UPDATE runs SET created_at" in m for m in found), found
