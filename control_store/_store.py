@@ -38,6 +38,11 @@ MigrationState = _sqlite.MigrationState
 def _id(value: object, *, what: str) -> str:
     """An id argument (``run_id`` or ``job_id``)'s canonical text; refused, with the fix, if it
     is no uuid.UUID."""
+    if type(value) is uuid.UUID:  # the common case, without building the fix below
+        try:
+            return _codec.uuid_text(value)
+        except _codec.UNSET_OR_UNREADABLE:  # a slot holding no 128-bit number: explained below
+            pass
     owner = what.removesuffix("_id")
     if is_a(value, Run) or is_a(value, Job):  # the record where its id was meant
         otherwise = f"pass {owner}.id, not the {type(value).__name__} itself"
@@ -49,6 +54,10 @@ def _id(value: object, *, what: str) -> str:
 _INT64_MAX = 2**63 - 1
 
 
+# A list or a tuple is an iterable of items, never one item itself, nor an iterator.
+_PLAIN_BATCHES = frozenset({list, tuple})
+
+
 def _check_batch(value: object, *, what: str, item: type[object], single: str) -> None:
     """Refuse a batch argument ``what`` that is not an iterable of ``item``s.
 
@@ -56,6 +65,8 @@ def _check_batch(value: object, *, what: str, item: type[object], single: str) -
     or ints, each of which would be refused as "expected a Job, got str: 'a'", blaming an item
     the caller never made. ``single``: the fix for one item.
     """
+    if type(value) in _PLAIN_BATCHES:  # the common case: a batch, whatever it holds
+        return
     # By type, never isinstance(), which reads __class__: an object can fake any class there
     # (and then fail that class's methods), or make reading it raise.
     name = item.__name__
@@ -579,12 +590,12 @@ class Store:
         # Encoded here, before the hop: a bad outcome anywhere fails the call with nothing sent.
         # That reads the whole batch: an iterator's every error from here on says it was
         # consumed (see _sqlite.consumed), or a retry with it would record nothing, and succeed.
-        one_shot = is_a(outcomes, Iterator)
+        one_shot = type(outcomes) not in _PLAIN_BATCHES and is_a(outcomes, Iterator)
         rows: list[tuple[str, str]] = []
         raised: Exception | None = None
         failed: ControlError | None = None
         try:
-            rows.extend(map(_codec.outcome_params, _sqlite.guarded(outcomes)))  # one by one
+            _codec.outcomes_params(_sqlite.guarded(outcomes), rows)  # one by one
         except InvalidInputError as exc:  # the codec's, refusing the item after those in rows
             _codec.in_batch(exc, "outcomes", len(rows))
             failed = exc

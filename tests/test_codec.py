@@ -44,6 +44,25 @@ def test_fast_and_checked_paths_encode_and_decode_alike() -> None:
     assert _codec.decode_job(job_row) == _codec._checked_job(job_row) == job
     outcome = JobOutcome(job.id, score=0.25, output="x", error="e")
     assert _codec.outcome_json(outcome) == _codec._checked_outcome_params(outcome)[1]
+    assert _codec._ID_IN_JSON  # the batch path cuts the id from the JSON: see outcomes_params
+    rows: list[tuple[str, str]] = []
+    _codec.outcomes_params([outcome, JobOutcome(job.id), outcome], rows)
+    assert rows == [
+        _codec._checked_outcome_params(outcome),
+        _codec._checked_outcome_params(JobOutcome(job.id)),
+        _codec._checked_outcome_params(outcome),
+    ]
+
+
+def _outcomes_refusal(value: object) -> str:
+    """outcomes_params' refusal of ``value`` as the second of a batch, which keeps the first."""
+    rows: list[tuple[str, str]] = []
+    first = JobOutcome(uuid.uuid4())
+    batch: list[Any] = [first, value]
+    with pytest.raises(InvalidInputError) as caught:
+        _codec.outcomes_params(batch, rows)
+    assert rows == [_codec.outcome_params(first)]  # len(rows): where the batch was refused
+    return str(caught.value)
 
 
 def _refusal(encode: Callable[[Any], object], value: object) -> str:
@@ -75,6 +94,7 @@ def test_fast_and_checked_paths_refuse_a_lone_surrogate_alike() -> None:
         message = _refusal(_codec._checked_outcome_params, subject_outcome)
         assert f"{field} holds" in message
         assert _refusal(_codec.outcome_params, subject_outcome) == message
+        assert _outcomes_refusal(subject_outcome) == message
 
 
 class _UUIDSubclass(uuid.UUID):
@@ -104,6 +124,10 @@ def test_ids_are_written_as_str_writes_them(value: uuid.UUID) -> None:
     outcome = JobOutcome(value, score=1.0)
     assert _codec.outcome_json(outcome) == _codec._checked_outcome_params(outcome)[1]
     assert _codec.outcome_params(outcome) == _codec._checked_outcome_params(outcome)
+    rows: list[tuple[str, str]] = []
+    _codec.outcomes_params([outcome], rows)
+    assert rows == [_codec._checked_outcome_params(outcome)]
+    assert rows[0][0] == text
     assert _store._id(value, what="run_id") == text
 
 
