@@ -146,8 +146,7 @@ _astuple: Final = msgspec.structs.astuple
 # its slot (AttributeError), and an exact uuid.UUID whose slot holds no 128-bit number (set by
 # object.__setattr__ or a crafted __setstate__: msgspec's formatting raises TypeError or
 # OverflowError, which reached the caller raw, or read as "a value too long for SQLite").
-_UNSET_OR_UNREADABLE: Final = (AttributeError, TypeError, OverflowError)
-UNSET_OR_UNREADABLE: Final = _UNSET_OR_UNREADABLE  # for Store's own fast path
+UNSET_OR_UNREADABLE: Final = (AttributeError, TypeError, OverflowError)
 
 
 def struct_fields(value: Any, kind: type[msgspec.Struct], *, what: str) -> tuple[Any, ...]:
@@ -445,7 +444,7 @@ def run_params(run: Run) -> tuple[str, str, str, int, int, str, str, int]:
                     )
                 except UnicodeEncodeError:  # a model name with a lone surrogate: explained below
                     pass
-    except _UNSET_OR_UNREADABLE:
+    except UNSET_OR_UNREADABLE:
         pass
     return _checked_run_params(run)
 
@@ -539,8 +538,8 @@ def outcome_params(outcome: JobOutcome) -> tuple[str, str]:
 _ID_AT: Final = slice(len('{"job_id":"'), len('{"job_id":"') + 36)
 _PROBE_ID: Final = uuid.UUID("0123abcd-4567-89ef-0123-456789abcdef")
 _ID_IN_JSON: Final = _encode(JobOutcome(_PROBE_ID, score=0.5)).decode()[_ID_AT] == str(_PROBE_ID)
-# On Python 3.13, an exact uuid.UUID's number is range-checked first (see uuid_text).
-_RANGE_CHECK: Final = sys.version_info >= (3, 13)
+# Cut there, unless uuid_text does more than msgspec's formatting (on 3.13 it checks the range).
+_CUT_ID: Final = _ID_IN_JSON and uuid_text is msgspec.to_builtins
 
 
 def outcomes_params(outcomes: Iterable[JobOutcome], rows: list[tuple[str, str]]) -> None:
@@ -554,7 +553,7 @@ def outcomes_params(outcomes: Iterable[JobOutcome], rows: list[tuple[str, str]])
     isfinite = math.isfinite
     encode = _encode
     exact_uuid = _UUID
-    cut = _ID_IN_JSON and not _RANGE_CHECK
+    cut = _CUT_ID
     id_at = _ID_AT
     for outcome in outcomes:
         # Hot path as in run_params; _checked_outcome_params explains what this does not accept.
@@ -576,7 +575,7 @@ def outcomes_params(outcomes: Iterable[JobOutcome], rows: list[tuple[str, str]])
                         continue
                     except UnicodeEncodeError:  # a lone surrogate: explained below
                         pass
-        except _UNSET_OR_UNREADABLE:
+        except UNSET_OR_UNREADABLE:
             pass
         append(_checked_outcome_params(outcome))
 
@@ -708,7 +707,7 @@ def job_encoder() -> tuple[
                         last = row
                         streak += 1
                         return row
-        except _UNSET_OR_UNREADABLE:
+        except UNSET_OR_UNREADABLE:
             pass
         last = row = _checked_job_params(job)
         counted[row[1]] = counted.get(row[1], 0) + 1
