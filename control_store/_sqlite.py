@@ -2196,11 +2196,12 @@ class MigrationState:
 def migration_status(conn: sqlite3.Connection, *, database: str) -> list[MigrationState]:
     """Every known migration with when it was applied (None: pending); checks them too."""
     known = _migrate.load_migrations("sqlite")
-    applied = _read_applied(conn, database=database)
+    held = _tracking_rows(conn, database=database)
+    applied = [_applied(*row) for row in held]
     _migrate.pending(known, applied, database=database)  # a history it vouches for: all known
     return [
         MigrationState(r.version, r.description, r.installed_on)
-        for r in _records(known, applied, conn)
+        for r in _records(known, applied, _installed_on(held))
     ]
 
 
@@ -2226,34 +2227,36 @@ def migration_history(conn: sqlite3.Connection, *, database: str) -> list[Migrat
     read at all is still a CorruptRowError; one whose version reads, but another cell not
     (a checksum as text, a success of 'yes'), is listed as 'unreadable'."""
     known = _migrate.load_migrations("sqlite")
+    held = _tracking_rows(conn, database=database)
     rows = []
     unreadable = set()
-    for row in _tracking_rows(conn, database=database):
+    for row in held:
         try:
             rows.append(_applied(*row))
         except CorruptRowError as exc:
             if exc.column == "version":
                 raise
             unreadable.add(row[0])
-    return _records(known, rows, conn, unreadable)
+    return _records(known, rows, _installed_on(held), unreadable)
+
+
+def _installed_on(held: Sequence[tuple[Any, ...]]) -> dict[int, str]:
+    """Each version's installed_on, of the history's rows as _tracking_rows read them (a cell
+    that is no text, shown as nothing)."""
+    return {row[0]: row[4] for row in held if type(row[0]) is int and type(row[4]) is str}
 
 
 def _records(
     migrations: Sequence[_migrate.Migration],
     rows: Sequence[_migrate.AppliedMigration],
-    conn: sqlite3.Connection,
+    installed: dict[int, str],
     unreadable: Set[int] = frozenset(),
 ) -> list[MigrationRecord]:
-    """The known ``migrations`` and the recorded ``rows``, each with its state and time, and
-    the versions of the ``unreadable`` rows (a cell but the version not as written)."""
+    """The known ``migrations`` and the recorded ``rows``, each with its state and its
+    ``installed`` time, and the versions of the ``unreadable`` rows (a cell but the version
+    not as written)."""
     known = {m.version: m for m in migrations}
     applied = {row.version: row for row in rows}
-    installed: dict[int, str] = {}
-    if applied or unreadable:
-        # Leniently, as _read_applied read the rows: a checksum stored as TEXT that is no UTF-8
-        # (CAST to TEXT by hand) passed that read as the bytes it holds, and failed this one.
-        held = _leniently(conn, lambda: conn.execute(SELECT_APPLIED).fetchall())
-        installed = {int(v): i for v, _, _, _, i in held if type(i) is str}
     records = []
     newest = max(applied.keys() | unreadable, default=0)
     for version in sorted(known.keys() | applied.keys() | unreadable):
