@@ -2458,31 +2458,23 @@ def _within_job_count(
     """``rows``, refusing the first one past its run's room (job_count - job_rows, read once
     per run, when its first row comes). A run that is missing, or whose counters are not
     integers, is left to the foreign key and to ADD_JOB_ROWS at the end, which explain it."""
-    room: dict[str, int | None] = {}
-    room_of: dict[str, int] = {}  # each run's room as read, for the refusal
-    current: object = None  # the run text of the previous row (the encoder reuses the object)
-    left: int | None = None
+    room: dict[str, int | None] = {}  # the rows each run may still take (None: not counted)
     for row in rows:
         run_id = row[1]
-        if run_id is not current:
-            if isinstance(current, str):
-                room[current] = left
-            current = run_id
-            if run_id in room:
-                left = room[run_id]
-            else:
-                found = conn.execute(SELECT_JOB_ROWS, (run_id,)).fetchone()
-                ints = found is not None and all(type(v) is int for v in found)
-                left = max(found[0] - found[1], 0) if ints else None
-                if left is not None:
-                    room_of[run_id] = left
+        try:
+            left = room[run_id]
+        except KeyError:
+            found = conn.execute(SELECT_JOB_ROWS, (run_id,)).fetchone()
+            ints = found is not None and all(type(v) is int for v in found)
+            left = max(found[0] - found[1], 0) if ints else None
         if left is not None:
-            # One past the room: the call adds at least room + 1, unless this job's id is
-            # taken (stored before, or given earlier in the call), which the insert then
-            # refuses as that, as it would have without this check.
+            # One past the room: refused, unless this job's id is taken (stored before, or
+            # given earlier in the call), which the insert then refuses as that, as it would
+            # have without this check.
             if left <= 0 and conn.execute(SELECT_JOB_RUN, (row[0],)).fetchone() is None:
-                _refuse_job_rows(run_id, room_of[run_id] + 1, conn, at_least=True)
+                _refuse_job_rows(run_id, None, conn)
             left -= 1
+        room[run_id] = left
         yield row
 
 
@@ -2740,10 +2732,10 @@ class RaisedByCaller(Exception):
         self.raised = raised
 
 
-def _refuse_job_rows(
-    run_id: str, added: int, conn: sqlite3.Connection, *, at_least: bool = False
-) -> NoReturn:
-    """Raise the error that explains why ADD_JOB_ROWS changed nothing (the call rolls back)."""
+def _refuse_job_rows(run_id: str, added: int | None, conn: sqlite3.Connection) -> NoReturn:
+    """Raise the error that explains why ADD_JOB_ROWS changed nothing (the call rolls back);
+    ``added`` None: refused at the first job past the run's room, the rest unread (a one-shot
+    iterable's, by _within_job_count), so the call adds at least the room and one more."""
     row = _leniently(conn, lambda: conn.execute(SELECT_JOB_ROWS, (run_id,)).fetchone())
     if row is None:  # only if foreign keys were off on this connection: the FK refuses it
         (job_id,) = conn.execute(SELECT_NEWEST_JOB_OF_RUN, (run_id,)).fetchone()
@@ -2763,11 +2755,10 @@ def _refuse_job_rows(
         if room
         else "it has all its jobs; put further jobs in a new run"
     )
-    # at_least: refused at the first job past the room (a generator's), the rest unread.
     adds = (
-        f"at least {added:,} more (refused at the first job too many)"
-        if at_least
-        else (f"{added:,} more")
+        f"at least {room + 1:,} more (refused at the first job too many)"
+        if added is None
+        else f"{added:,} more"
     )
     raise ConstraintError(
         f"run {run_id} has job_count {job_count:,} and {counted(job_rows, 'job')} already; this "
