@@ -126,7 +126,8 @@ class Terminal:
         encoding = (getattr(stream, "encoding", None) or "ascii").lower()
         encoding = encoding.replace("-", "").replace("_", "")
         dumb = tty and os.environ.get("TERM") == "dumb"
-        color = tty and not dumb and "NO_COLOR" not in os.environ
+        # no-color.org: NO_COLOR turns colour off when set to anything but the empty string.
+        color = tty and not dumb and not os.environ.get("NO_COLOR")
         # Off a terminal (a pipe, a file) nothing is cut: the reader may be grep.
         columns = shutil.get_terminal_size((100, 24)).columns if tty else 1_000_000
         width = max(_MIN_WIDTH, columns)

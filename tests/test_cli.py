@@ -1712,6 +1712,29 @@ def test_progress_on_a_dumb_terminal_covers_the_last_line_with_spaces(
     assert len(second) == len(first)
 
 
+@pytest.mark.parametrize(
+    ("no_color", "color"), [(None, True), ("", True), ("1", False), ("0", False)]
+)
+def test_colour_on_a_terminal_unless_no_color_is_set_and_not_empty(
+    monkeypatch: pytest.MonkeyPatch, no_color: str | None, color: bool
+) -> None:
+    """no-color.org: NO_COLOR set to any value but the empty string turns colour off (an empty
+    one is how a shell unsets it for one command, ``NO_COLOR= control-store runs``)."""
+    monkeypatch.setenv("TERM", "xterm")
+    if no_color is None:
+        monkeypatch.delenv("NO_COLOR", raising=False)
+    else:
+        monkeypatch.setenv("NO_COLOR", no_color)
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = cli.Terminal.of(Tty())
+    assert term.color is color
+    assert ("\x1b[" in term.paint("done", "32")) is color
+
+
 def test_progress_prints_plain_lines_at_most_each_second_off_a_terminal() -> None:
     """Off a terminal progress is plain lines, no carriage returns, about one per second."""
     stream = io.StringIO()
