@@ -4840,8 +4840,11 @@ class _Worker:
         if _identity_if_there(self.path) != self.identity:
             error = StorageError(
                 f"{self.database} was deleted, moved or replaced while this store had it "
-                "open; nothing of this call was written: put the file back (or restore it from "
-                "a backup) and retry, or close the store and connect again"
+                "open; nothing of this call was written: put the very file back (moved back, "
+                "not a copy: this store accepts only the file it opened) and retry; else close "
+                "this store, and every store on the old file, before connecting again or "
+                "restoring a backup over it (SQLite applies the -wal beside the path to "
+                "whatever file is there)"
             )
             error.retryable = True
             raise error

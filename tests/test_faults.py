@@ -354,8 +354,13 @@ async def test_a_deleted_or_replaced_file_refuses_writes_until_restored(db_path:
         os.link(db_path, backup)  # the same file under a second name: a perfect "backup"
         db_path.unlink()
         late = make_run()
-        with pytest.raises(StorageError, match="deleted"):
+        with pytest.raises(StorageError, match="deleted") as caught:
             await store.insert_run(late)
+        # The fix it gives must work as written: a backup copied back is another file, which
+        # this store never accepts (it said "restore it from a backup and retry", which then
+        # failed on every retry), and a backup is to be restored only after the close.
+        assert "restore it from a backup) and retry" not in str(caught.value)
+        assert "before connecting again or restoring a backup over it" in str(caught.value)
         shutil.copyfile(backup, db_path)  # a different file at the same path
         with pytest.raises(StorageError, match="replaced"):
             await store.insert_run(late)
