@@ -2323,6 +2323,18 @@ RunParams = tuple[str, str, str, int, int, str, str, int]
 def op_insert_run(params: tuple[Any, ...], conn: sqlite3.Connection) -> None:
     try:
         conn.execute(INSERT_RUN, params)
+    except (sqlite3.DataError, OverflowError) as exc:  # a value too long: name the run's field
+        fields = (("manifest", params[1]), ("models", params[2]))
+        column, value = max(fields, key=lambda field: len(field[1]))
+        form = "JSON; " if column == "models" else ""
+        too_big = _refused_as_too_big(
+            exc,
+            f"run {params[0]}: its {column}, {len(value):,} characters as stored ({form}as "
+            "many bytes or more in UTF-8),",
+        )
+        if too_big is None:
+            raise
+        raise too_big from exc
     except sqlite3.IntegrityError as exc:
         if getattr(exc, "sqlite_errorname", "") == "SQLITE_CONSTRAINT_PRIMARYKEY":
             raise AlreadyExistsError(

@@ -995,8 +995,16 @@ async def test_a_text_longer_than_sqlite_keeps_is_invalid_input(store: Store) ->
     with pytest.raises(InvalidInputError) as caught:  # the batch names the outcome by place
         await store.record_job_outcomes(run.id, [JobOutcome(job.id), big])
     assert str(caught.value).startswith(f"outcomes[1]: {named}"), caught.value
-    with pytest.raises(InvalidInputError, match=r"longer than SQLite keeps"):
-        await store.insert_run(Run("m" * 20_000, ["a"], 1, 1))
+    # A run's too: named by its id and the field too long, alone and with its jobs.
+    for long_run in (Run("m" * 20_000, ["a"], 1, 1), Run("m", ["a" * 20_000], 1, 1)):
+        column = "manifest" if len(long_run.manifest) > 1 else "models"
+        for jobs_of_it in (None, make_jobs(long_run)):
+            with pytest.raises(InvalidInputError) as caught:
+                await store.insert_run(long_run, jobs=jobs_of_it)
+            named = f"run {long_run.id}: its {column}, "
+            assert str(caught.value).startswith(named), caught.value
+            assert "longer than SQLite keeps" in str(caught.value)
+        assert await store.get_run(long_run.id) is None
     # A job's too: named by its place in the batch and its id, as an outcome is.
     other = make_run(job_count=3)
     await store.insert_run(other)
