@@ -253,13 +253,45 @@ def _timestamps_in_form(texts: Sequence[str]) -> bool:
     return ",".join(texts).encode().translate(_DIGITS_AS_ZERO) == expected[:-1]
 
 
+def _int_fix(value: object) -> str:
+    """The fix for ``value`` where an int is expected, one that works as written: int() of
+    None, of a float that is not finite or of text that spells no whole number raises."""
+    if value is None:
+        return "give it a whole number: None is no value for it"
+    if is_a(value, float):
+        real = float.__float__(value)
+        if not math.isfinite(real):
+            return "give it a whole number: a float that is not finite (nan, inf) has no int"
+        if not real.is_integer():
+            return "give it a whole number (int(...) of it would drop the fraction)"
+    elif is_a(value, str):
+        try:
+            int(str.__str__(value))
+        except ValueError:
+            return "give it a whole number: this text spells none"
+    return "pass int(...) of it"
+
+
+def _float_fix(value: object) -> str:
+    """The fix for a score that is no float, one that works as written: float() of text that
+    spells no number raises, and of "nan" or "inf" gives a score that is refused too."""
+    if is_a(value, str):
+        try:
+            real = float(str.__str__(value))
+        except ValueError:
+            return "give it a number: this text spells none (or None for no score)"
+        if not math.isfinite(real):
+            return "give it a finite number (or None for no score, with error=...)"
+    return "pass float(...) of it"
+
+
 def _check_int(
     value: object, *, what: str, minimum: int = _INT64_MIN, why_minimum: str = ""
 ) -> int:
     """``value`` as a plain int (an int subclass's value): msgspec encodes only exact ints.
     ``why_minimum``: why a value below ``minimum`` cannot be, for its message."""
     if not is_a(value, int) or is_a(value, bool):
-        raise InvalidInputError(f"{what} must be an int, got {typed(value)}; pass int(...) of it")
+        raise InvalidInputError(f"{what} must be an int, got {typed(value)}; {_int_fix(value)}")
     plain = int.__index__(value)  # for a subclass, a plain int copy: never its own methods
     if plain < minimum:
         raise InvalidInputError(
@@ -361,7 +393,12 @@ def _check_str(value: object, *, what: str) -> str:
     """``value`` as a plain str (a str subclass's text, numpy.str_ say): msgspec encodes only
     exact strs, and the round trip gives a str back anyway."""
     if not is_a(value, str):
-        raise InvalidInputError(f"{what} must be a str, got {typed(value)}; pass str(...) of it")
+        fix = (
+            "give it a value: None is no text (str(None) would store the text 'None')"
+            if value is None
+            else "pass str(...) of it"
+        )
+        raise InvalidInputError(f"{what} must be a str, got {typed(value)}; {fix}")
     # For a subclass, a plain str copy, checked as that: never its own __str__, isascii() or
     # encode(), which could say anything (an isascii() that says True of a lone surrogate
     # would let the text reach the driver, and its UnicodeEncodeError the caller).
@@ -608,7 +645,7 @@ def _check_score(score: object, *, where: str) -> float | int:
     it compares equal): anything else would not survive the round trip."""
     if not (is_a(score, int) or is_a(score, float)) or is_a(score, bool):
         raise InvalidInputError(
-            f"{where}: score must be a float or None, got {typed(score)}; pass float(...) of it"
+            f"{where}: score must be a float or None, got {typed(score)}; {_float_fix(score)}"
         )
     # A subclass's plain value, checked and stored as that: never its own methods.
     if is_a(score, int):
@@ -616,7 +653,13 @@ def _check_score(score: object, *, where: str) -> float | int:
         if not -_FLOAT_MAX <= whole <= _FLOAT_MAX or float(whole) != whole:
             raise InvalidInputError(
                 f"{where}: score is {shown(whole)}, an int that a float (what a score is kept "
-                "as) cannot hold exactly; pass float(...) of it"
+                "as) cannot hold exactly; "
+                + (
+                    "pass float(...) of it"
+                    if -_FLOAT_MAX <= whole <= _FLOAT_MAX
+                    else f"no float holds it (none is beyond {sys.float_info.max:.3g}): pass a "
+                    "smaller score"
+                )
             )
         return whole
     real = float.__float__(cast(float, score))

@@ -804,3 +804,40 @@ async def test_an_exact_uuid_whose_slot_holds_no_128_bit_number_is_refused(
     assert await store.list_runs() == [run]
     assert await store.list_jobs(run.id) == []
     assert await store.check() == []
+
+
+@pytest.mark.parametrize(
+    "given", [float("nan"), float("inf"), None, "abc", 1.5, "7", 7.0], ids=repr
+)
+async def test_an_int_fields_fix_works_as_written(store: Store, given: object) -> None:
+    """The fix for a value where an int is expected works when followed: "pass int(...) of it"
+    only where int() takes the value and keeps it whole (int(nan), int(None) and int('abc')
+    raise; int(1.5) would drop the fraction), else it says to give a whole number."""
+    with pytest.raises(InvalidInputError) as caught:
+        await store.insert_run(_any_run("m", ["a"], given, 1))
+    message = str(caught.value)
+    if "pass int(...) of it" in message:
+        whole = int(given)  # type: ignore[call-overload]
+        assert whole == given or str(whole) == given
+    else:
+        assert "give it a whole number" in message, message
+    assert await store.list_runs() == []
+
+
+async def test_text_and_score_fixes_work_as_written(store: Store) -> None:
+    """None where text is expected is not told to become str(None), the text 'None'; a score
+    of text that is no number, or an int beyond every float, is not told to pass float() of it
+    (which raises)."""
+    with pytest.raises(InvalidInputError) as caught:
+        await store.insert_run(_any_run(None, ["a"], 1, 1))
+    assert "pass str(...) of it" not in str(caught.value)
+    assert "None is no text" in str(caught.value)
+    run = make_run()
+    job = make_jobs(run, 1)[0]
+    await store.insert_run(run)
+    await store.insert_jobs([job])
+    for score in ("abc", "nan", "-inf", 2**1024):
+        with pytest.raises(InvalidInputError) as caught:
+            await store.record_job_outcome(run.id, JobOutcome(job.id, score=score))  # type: ignore[arg-type]
+        assert "pass float(...) of it" not in str(caught.value), caught.value
+    assert await store.get_job(job.id) == job
