@@ -629,11 +629,27 @@ def parse_url(
         # a URI and opens another file ("file:x.db" is "x.db"); "./file:x.db" is just a name.
         path = os.path.join(os.curdir, path)
     name = database_name(url, path)
+    if not os.path.isabs(path):
+        _refuse_deleted_cwd(name)
     try:
         _check_place(path, name, creates=creates)
     except OSError as exc:  # the path cannot even be looked at: too long, not searchable
         raise _unreachable(name, exc) from exc
     return path
+
+
+def _refuse_deleted_cwd(name: str) -> None:
+    """Refuse a relative path while the current directory is deleted: every file in it is
+    gone for good (SQLite could not create one there), and "no such file", with the fix to
+    create the database, sent the user round in circles."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise ConfigurationError(
+            f"cannot open {name}: its path is relative, and the current directory was deleted "
+            "while this process was in it, so nothing can be opened or created there: change "
+            "to a directory that exists (cd), or give an absolute path"
+        ) from None
 
 
 def database_name(url: str | os.PathLike[str], path: str) -> str:

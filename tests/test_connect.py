@@ -828,3 +828,20 @@ async def test_a_file_an_older_release_made_under_an_escaped_url_is_not_replaced
     async with Store.connect("sqlite://dir%20x.db"):
         pass
     assert (tmp_path / "dir x.db").is_file()
+
+
+async def test_a_relative_path_in_a_deleted_working_directory_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the current directory deleted, a relative path names nothing that can be opened
+    or created: the refusal says why, where it said "No such file or directory; check the path"
+    (and the CLI told to create the database, which then failed the same way)."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    for url in ("x.db", "sqlite://x.db", Path("x.db")):
+        with pytest.raises(ConfigurationError, match="the current directory was deleted"):
+            await Store.connect(url)
+    async with Store.connect(tmp_path / "x.db") as store:  # an absolute path still opens
+        assert await store.list_runs() == []
