@@ -692,10 +692,13 @@ def _memory_as_a_file(given: str, fixes: UrlFixes) -> ConfigurationError:
 def _unreachable(name: str, exc: OSError) -> ControlError:
     """The error for a path the file system refuses to look at (os.stat failed); ``name`` is
     the path as messages give it (see database_name)."""
-    message = (
-        f"cannot open {name}: {exc.strerror or exc}; check the path, and that this user may "
-        "enter every directory on it"
+    fix = (
+        "give a shorter path: each name on it may be at most 255 bytes (NAME_MAX), and the "
+        "whole path at most 4,096 (PATH_MAX)"
+        if exc.errno == errno.ENAMETOOLONG
+        else "check the path, and that this user may enter every directory on it"
     )
+    message = f"cannot open {name}: {exc.strerror or exc}; {fix}"
     if not isinstance(exc, PermissionError):
         return ConfigurationError(message)
     error = StorageError(message)  # as a write-protected file: cured outside, then retried

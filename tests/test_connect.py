@@ -845,3 +845,13 @@ async def test_a_relative_path_in_a_deleted_working_directory_says_so(
             await Store.connect(url)
     async with Store.connect(tmp_path / "x.db") as store:  # an absolute path still opens
         assert await store.list_runs() == []
+
+
+@pytest.mark.parametrize("name", ["y" * 300 + ".db", "d" * 300 + "/x.db"], ids=["file", "dir"])
+async def test_a_name_too_long_says_to_shorten_it(tmp_path: Path, name: str) -> None:
+    """A path the file system refuses as too long is told to be shortened, not to check that
+    this user may enter every directory on it."""
+    with pytest.raises(ConfigurationError, match="File name too long") as caught:
+        await Store.connect(tmp_path / name)
+    assert "give a shorter path" in str(caught.value)
+    assert "may enter every directory" not in str(caught.value)
