@@ -768,6 +768,14 @@ def _may(path: str, mode: int) -> bool:
     return os.access(path, mode, effective_ids=os.access in os.supports_effective_ids)
 
 
+def _on_read_only_mount(path: str) -> bool:
+    """Whether ``path`` is on a file system mounted read-only (statvfs's ST_RDONLY)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # not there, or no statvfs on this system
+        return False
+
+
 def _unreadable(path: str) -> bool:
     """Whether ``path`` is there and this process may not read it (its effective ids, where the
     system can ask). access() says False for a file that is not there too: asked until it and
@@ -1011,6 +1019,23 @@ def _check_new_file(path: str, name: str) -> None:
             "and close() keeps its writes); only if no process has it open and its contents are "
             f"not wanted, delete {files} and connect again"
         )
+    if not _may(str(target.parent), os.W_OK | os.X_OK) and not os.path.lexists(path):
+        # SQLite says only "unable to open database file" (SQLITE_CANTOPEN), which read as a
+        # full or failing disk.
+        directory = str(target.parent)
+        if _on_read_only_mount(directory):
+            why = "is on a file system mounted read-only"
+            fix = "remount it read-write, or create the database on another file system"
+        else:
+            why = "may not be written by this user (permission denied)"
+            fix = "make it writable by this user, or create the database where it may write"
+        error = StorageError(
+            f"cannot create {name}: its directory {directory!r} {why}, and the store creates "
+            f"the database and its -wal and -shm files there; nothing was created: {fix}, then "
+            "retry"
+        )
+        error.retryable = True  # as a write-protected file: cured outside, then retried
+        raise error
     try:
         longest = os.pathconf(target.parent, "PC_NAME_MAX")
     except (OSError, ValueError):

@@ -200,6 +200,61 @@ async def test_a_read_only_file_is_refused_at_connect_and_connect_succeeds_once_
     await assert_sound(db_path)
 
 
+async def test_a_new_file_in_a_write_protected_directory_is_named_at_connect(
+    tmp_path: Path, spawn: Callable[..., Worker]
+) -> None:
+    """A database to be created in a directory this user may not write is a retryable
+    StorageError naming the directory, with nothing created (SQLite says only "unable to open
+    database file", which was passed on as a full or failing disk); connect succeeds once the
+    directory is writable."""
+    directory = tmp_path / "protected"
+    directory.mkdir()
+    db = directory / "new.db"
+    directory.chmod(0o555)
+    try:
+        worker = spawn("write-read-only", db)
+        refused = worker.expect("refused")
+    finally:
+        directory.chmod(0o755)
+    assert refused[1:3] == ["StorageError", "True"]
+    line = " ".join(refused)
+    assert f"its directory '{directory}' may not be written by this user" in line, line
+    assert "free space" not in line
+    assert list(directory.iterdir()) == []
+    worker.go()
+    worker.expect("inserted")
+    worker.finish()
+    await assert_sound(db)
+
+
+async def test_a_new_file_on_a_read_only_mount_is_named_as_that(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory on a file system mounted read-only is not called a permission problem
+    (access() refuses root there too): the refusal says the mount is read-only."""
+    statvfs = os.statvfs
+    place = str(tmp_path)
+
+    def read_only_here(path: str) -> os.statvfs_result:
+        found = statvfs(path)
+        if path != place:
+            return found
+        fields = list(found)
+        fields[8] |= os.ST_RDONLY  # f_flag
+        return os.statvfs_result(fields)
+
+    monkeypatch.setattr(os, "statvfs", read_only_here)
+    monkeypatch.setattr(_sqlite, "_may", lambda path, mode: path != place)
+    with pytest.raises(StorageError) as caught:
+        await Store.connect(tmp_path / "new.db")
+    assert caught.value.retryable
+    message = str(caught.value)
+    assert f"its directory '{tmp_path}' is on a file system mounted read-only" in message
+    assert "remount it read-write" in message
+    assert "permission" not in message
+    assert list(tmp_path.iterdir()) == []
+
+
 async def test_a_read_only_wal_and_shm_are_named_at_connect(
     db_path: Path, spawn: Callable[..., Worker]
 ) -> None:
