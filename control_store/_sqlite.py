@@ -1138,6 +1138,15 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
                 "sqlite_schema WHERE sql LIKE '%CHECK%' shows it; SQLite's procedure for table "
                 "changes: https://sqlite.org/lang_altertable.html#otheralter)"
             )
+        elif name == "SQLITE_CONSTRAINT_TRIGGER":
+            # This release makes no trigger: one of the user's refused (RAISE ABORT, FAIL or
+            # ROLLBACK) a write the store makes, its message in the detail.
+            error = ConstraintError(
+                f"{database} refused the write: a trigger that is not the store's (its schema "
+                f"makes none) raised [{detail}]; nothing of this call was written: write what it "
+                "admits, or change or drop the trigger (SELECT name, sql FROM sqlite_schema "
+                "WHERE type = 'trigger' lists them)"
+            )
         elif name.startswith("SQLITE_CONSTRAINT"):
             error = ConstraintError(
                 f"{database} refused the write [{detail}]; nothing of this call was written"

@@ -394,6 +394,33 @@ async def test_a_write_refused_by_a_check_constraint_of_the_users_says_so(db_pat
     assert "SELECT name, sql FROM sqlite_schema WHERE sql LIKE '%CHECK%'" in message
 
 
+@pytest.mark.parametrize("action", ["ABORT", "FAIL", "ROLLBACK"])
+async def test_a_write_refused_by_a_trigger_of_the_users_says_so(
+    db_path: Path, action: str
+) -> None:
+    """A trigger of the user's (no finding of check()) that RAISEs on a write of the store's
+    is a ConstraintError saying a trigger refused it, and where to see the triggers: it gave
+    SQLite's words alone, with no fix."""
+    run = make_run(job_count=1)
+    async with Store.connect(db_path) as store:
+        await store.insert_run(run)
+    with raw_db(db_path) as conn:
+        conn.execute(
+            "CREATE TRIGGER no_jobs BEFORE INSERT ON jobs "
+            f"BEGIN SELECT RAISE({action}, 'jobs are closed today'); END"
+        )
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+        with pytest.raises(ConstraintError) as caught:
+            await store.insert_jobs(make_jobs(run))
+        assert await store.list_jobs(run.id) == []
+    message = str(caught.value)
+    assert "refused the write: a trigger that is not the store's (its schema makes none)" in message
+    assert "jobs are closed today" in message
+    assert "nothing of this call was written" in message
+    assert "SELECT name, sql FROM sqlite_schema WHERE type = 'trigger'" in message
+
+
 async def test_a_write_refused_by_a_unique_index_of_the_users_is_no_already_exists(
     store: Store,
 ) -> None:
