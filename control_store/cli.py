@@ -521,8 +521,23 @@ def _shell_words(argv: Sequence[str]) -> tuple[str, list[str]]:
 
 
 def _pastes_raw(char: str) -> bool:
-    """Whether ``char`` can stand as itself in a pasted command: shown as itself on the line."""
-    return char.isprintable() and _drawn(char)
+    """Whether ``char`` can stand as itself in a pasted command: shown as itself on the line,
+    by the streams the line may go to too (on an ASCII stream, PYTHONIOENCODING=ascii, an é
+    is written as the escape \\xe9, which pasted inside quotes names another file)."""
+    return char.isprintable() and _drawn(char) and (char.isascii() or _streams_encode(char))
+
+
+def _streams_encode(char: str) -> bool:
+    """Whether stdout and stderr (either may carry a suggested command) can write ``char``."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        try:
+            char.encode(encoding)
+        except UnicodeEncodeError:
+            return False
+        except LookupError:  # an encoding Python does not know: the stream would fail anyway
+            continue
+    return True
 
 
 def _printf_quote(arg: str) -> str:
