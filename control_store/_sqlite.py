@@ -3618,9 +3618,14 @@ def _unnamed_orphans(run_id: object, job: str, count: int) -> str:
     who = f"job {job}" if count == 1 else f"job {job} and {count - 1:,} more jobs"
     shown = _codec.id_text(run_id)
     delete = "delete each by its id"
-    if isinstance(run_id, str):  # the text as stored, quoted for SQL
+    if isinstance(run_id, str) and run_id.isprintable():  # the text as stored, quoted for SQL
         quoted = run_id.replace("'", "''")
         delete = f"DELETE FROM jobs WHERE run_id = '{quoted}'"
+    elif isinstance(run_id, str):
+        # By its bytes: a NUL ends the SQL text any client reads (and no shell argument can
+        # hold one), and a control character is shown as its escape, which pasted matches
+        # nothing.
+        delete = f"DELETE FROM jobs WHERE {_matching('run_id', run_id)}"
     return (
         f"{who} with run_id {shown} {'has' if count == 1 else 'have'} the finding of the "
         f"{_ORPHANS_NAMED} jobs named above with that run_id, not repeated for each: repair "

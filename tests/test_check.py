@@ -618,6 +618,28 @@ async def test_the_jobs_of_a_missing_run_past_a_hundred_get_one_finding(db_path:
     assert await _check(db_path) == []
 
 
+@pytest.mark.parametrize("tail", ["\x00", "\n", "\x1b[2J"], ids=["nul", "newline", "escape"])
+async def test_the_delete_for_orphans_past_a_hundred_works_for_any_run_id_text(
+    db_path: Path, tail: str
+) -> None:
+    """The DELETE for the jobs past the first hundred of a run_id whose text holds a NUL or a
+    control character names it by its bytes: quoted as text, a NUL ended the statement for any
+    client ("unrecognized token", or Python's "the query contains a null character"), and a
+    control character is shown as its escape by control-store check, which pasted matched no
+    row."""
+    await stored_run(db_path, job_count=_sqlite._ORPHANS_NAMED + 3)
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("DELETE FROM runs")
+        conn.execute("UPDATE jobs SET run_id = run_id || ?", (tail,))
+    problems = await _check(db_path)
+    (together,) = [p for p in problems if "at once: DELETE" in p.message]
+    statement = together.message.split("at once: ", 1)[1]
+    assert statement.isprintable(), statement
+    follow_advice(db_path, together.message, r"at once: (DELETE FROM jobs WHERE .*)$")
+    assert await _check(db_path) == []
+
+
 @pytest.mark.parametrize(
     ("index", "remade"),
     [
