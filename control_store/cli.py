@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import io
 import json
 import os
@@ -47,6 +48,7 @@ from .errors import (
     MigrationError,
     NotFoundError,
     PendingMigrationError,
+    StorageError,
 )
 from .models import JobOutcome, JobStatus, Run, RunStatus
 
@@ -1107,7 +1109,19 @@ async def cmd_check(args: argparse.Namespace, out: Terminal) -> int:
 
 async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
     """Run the demo fleet and verify its invariants against the database."""
-    from . import _demo  # only the demo needs multiprocessing and the fleet's code
+    try:
+        from . import _demo  # only the demo needs multiprocessing and the fleet's code
+    except OSError as exc:  # its file cannot be opened: out of file descriptors, say
+        loading = f"the demo's code could not be loaded ({exc}); nothing was done"
+        if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR):
+            raise Failure(f"{loading}: reinstall control-store, then run it again") from exc
+        # As the store's own refusal for want of descriptors or memory: a retry may cure it.
+        error = StorageError(
+            f"{loading}: close some files or raise the limit of open files (ulimit -n), then "
+            "run it again"
+        )
+        error.retryable = True
+        raise error from exc
 
     _check_demo_sizes(args)
     url = _url(args)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import importlib.abc
 import importlib.metadata
 import io
 import json
@@ -3173,3 +3174,32 @@ def test_a_score_that_rounds_to_a_billion_is_shown_as_a_billion_is() -> None:
     assert cli._score(999_999_999.9996) == cli._score(1e9) == "1.000e+09"
     assert cli._score(-999_999_999.9996) == "-1.000e+09"
     assert cli._score(999_999_999.9994) == "999999999.999"
+
+
+class _NoDescriptors(importlib.abc.MetaPathFinder):
+    """A finder failing the import of the demo's module as a process out of descriptors does."""
+
+    def find_spec(self, name: str, path: object, target: object = None) -> None:
+        if name == "control_store._demo":
+            raise OSError(errno.EMFILE, "Too many open files", "_demo.py")
+
+
+def test_a_demo_whose_code_cannot_be_loaded_says_why_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo imports its module only when it runs: at the limit of open files that import
+    failed with a traceback (OSError, exit 1). It is the store's refusal at that limit: one
+    line, retryable (exit 3), with the fix; nothing is made."""
+    import control_store
+
+    monkeypatch.delitem(sys.modules, "control_store._demo", raising=False)
+    monkeypatch.delattr(control_store, "_demo", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_NoDescriptors(), *sys.meta_path])
+    db = tmp_path / "demo.db"
+    code, out, err = run_cli(capsys, "demo", "--url", str(db), "--runs", "1", "--samples", "1")
+    assert out == ""
+    assert code == 3, err
+    assert err.count("\n") == 1, err
+    assert "Too many open files" in err
+    assert "raise the limit of open files (ulimit -n)" in err
+    assert not db.exists()
