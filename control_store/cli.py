@@ -29,7 +29,7 @@ import time
 import unicodedata
 import uuid
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -995,9 +995,37 @@ async def _summarise(store: Store, run: Run) -> _Summary:
     )
 
 
+def _begin_read(conn: sqlite3.Connection) -> None:
+    conn.execute("BEGIN")  # deferred: a read snapshot from the first read on, no lock
+
+
+def _end_read(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        conn.execute("COMMIT")
+
+
+@contextlib.asynccontextmanager
+async def _one_snapshot(store: Store) -> AsyncIterator[None]:
+    """Within: every read of ``store`` (the CLI's own read-only store) sees one snapshot.
+
+    show reads the run, then its jobs a page at a time: each read its own snapshot had it
+    print, while outcomes were being recorded, a progress (the run's done_count) that its job
+    counts and tallies contradict, a run 'running' with every job done, and counts of no
+    single moment. One read transaction over them all costs no lock (WAL: writers go on), but
+    keeps the -wal from being checkpointed past it while show reads, as check() does."""
+    backend = store._connected()
+    await backend.read(_begin_read)
+    try:
+        yield
+    finally:
+        if not store.closed:
+            with contextlib.suppress(ControlError):  # a read transaction: ending it loses nothing
+                await backend.read(_end_read)
+
+
 async def cmd_show(args: argparse.Namespace, out: Terminal) -> int:
     """One run: its fields, its jobs counted by status, and a summary of their outcomes."""
-    async with await _open_existing(args) as store:
+    async with await _open_existing(args) as store, _one_snapshot(store):
         run = await store.get_run(args.run_id)
         if run is None:
             check = _command("check", *_given_url(args))

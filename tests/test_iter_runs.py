@@ -11,6 +11,7 @@ import pytest
 from control_store import (
     CorruptRowError,
     InvalidInputError,
+    JobOutcome,
     Run,
     RunStatus,
     Store,
@@ -18,7 +19,7 @@ from control_store import (
     _sqlite,
 )
 
-from conftest import make_run, query_plan, raw_db
+from conftest import make_jobs, make_run, query_plan, raw_db
 
 BASE = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -158,6 +159,34 @@ async def test_a_status_walk_leaves_out_a_run_whose_status_changed_before_its_pa
     seen += [run async for run in walk]
     assert [run.id for run in seen] == [run.id for run in queued[:-1]]
     assert all(run.status is RunStatus.QUEUED for run in seen)
+
+
+async def test_a_status_walk_yields_a_run_that_took_the_status_before_its_page(
+    store: Store,
+) -> None:
+    """A walk of done runs: a run that finishes after the walk began, before its page is
+    read, is yielded, once (it is done by then); one that finishes after the walk passed its
+    place is not. A run is yielded exactly when it has the walk's status as its page is read."""
+    runs, jobs = [], []
+    for i in range(5):
+        run = make_run(1, created_at=BASE + timedelta(seconds=i))
+        runs.append(run)
+        jobs.append(make_jobs(run))
+        await store.insert_run(run, jobs=jobs[-1])
+
+    async def finish(i: int) -> None:
+        await store.record_job_outcome(runs[i].id, JobOutcome(jobs[i][0].id, score=1.0))
+
+    await finish(4)  # the newest
+    await finish(2)
+    walk = store.iter_runs(status=RunStatus.DONE, page_size=1)
+    seen = [await anext(walk)]  # runs[4]
+    await finish(0)  # older than the walk's position: its page is still to come
+    seen.append(await anext(walk))  # runs[2]: runs[3], not done, is passed
+    await finish(3)  # its place passed already
+    seen += [run async for run in walk]
+    assert [run.id for run in seen] == [runs[i].id for i in (4, 2, 0)]
+    assert all(run.status is RunStatus.DONE for run in seen)
 
 
 async def test_a_corrupt_row_mid_walk_raises_naming_it(db_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from control_store import EvalJob, Job, JobOutcome, JobStatus, Run, Store, cli
+from control_store import EvalJob, Job, JobOutcome, JobStatus, Run, Store, _sqlite, cli
 
 from conftest import raw_db
 
@@ -197,3 +197,37 @@ def test_a_streamed_tally_equals_the_list_formulas_bit_for_bit(scores: list[floa
     expected = _reference_scores(jobs)
     got = tally.scores()
     assert repr(got) == repr(expected)  # repr tells -0.0 from 0.0, which == does not
+
+
+def test_show_reads_the_run_and_every_page_in_one_snapshot(
+    capsys: pytest.CaptureFixture[str], db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Outcomes recorded by another store while show walks the run's pages change none of
+    its numbers: its progress (the run's done_count), its job counts and its tallies are of
+    one moment, so they agree with each other."""
+    run = asyncio.run(_populate(db_path))
+    job_page = _sqlite.op_job_page
+    pages = 0
+
+    def op_job_page(run_id: str, after: int | None, limit: int, conn: object) -> object:
+        nonlocal pages
+        pages += 1
+        if pages == 2:  # between the first page and the second: another store records
+            asyncio.run(_record_the_rest(db_path, run))
+        return job_page(run_id, after, limit, conn)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_sqlite, "op_job_page", op_job_page)
+    shown = json.loads(_show(capsys, str(run.id), "--url", str(db_path), "--json"))
+    assert pages > 2
+    assert shown["run"]["done_count"] == shown["jobs"]["done"] == shown["outcomes"]["done"]
+    assert shown["run"]["status"] == "running"
+
+
+async def _record_the_rest(path: Path, run: Run) -> None:
+    """Every job of ``run`` still queued recorded, from a store of its own: the run is done."""
+    async with Store.connect(path) as store:
+        queued = [job async for job in store.iter_jobs(run.id) if job.outcome is None]
+        await store.record_job_outcomes(run.id, [JobOutcome(job.id, score=0.5) for job in queued])
+        done = await store.get_run(run.id)
+        assert done is not None
+        assert done.status == "done"
