@@ -17,7 +17,7 @@ from collections.abc import (
 )
 from functools import partial
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from . import _codec, _sqlite
 from ._show import is_a, shown, typed
@@ -226,6 +226,23 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
 
     def __await__(self) -> Generator[Any, None, Store]:
         return self._open().__await__()
+
+    if not TYPE_CHECKING:  # to a type checker, a store's method on this is the error it is
+
+        def __getattr__(self, name: str) -> Any:
+            # A forgotten await (store = Store.connect(url); await store.get_run(...)) was
+            # Python's bare "'_Connecting' object has no attribute 'get_run'".
+            if name.startswith("_") or not hasattr(Store, name):
+                raise AttributeError(
+                    f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self
+                )
+            raise AttributeError(
+                f"{name!r} is an attribute of a Store, and this is not one yet: Store.connect() "
+                "and Store.in_memory() return what opens one; use store = await "
+                "Store.connect(url), or async with Store.connect(url) as store",
+                name=name,
+                obj=self,
+            )
 
     def _step(self, step: Callable[[Coroutine[Any, Any, Store]], Any]) -> Any:
         task = _current_task()

@@ -121,6 +121,21 @@ async def test_a_connect_task_cancelled_before_it_starts_opens_nothing(tmp_path:
     assert set(threading.enumerate()) <= before
 
 
+@pytest.mark.filterwarnings("error")  # and no "coroutine was never awaited" left behind
+def test_a_store_method_on_a_connect_not_awaited_says_to_await_it(tmp_path: Path) -> None:
+    """store = Store.connect(url) without its await: using a store's method on it says how to
+    open the store, where it said only that '_Connecting' has no such attribute; nothing is
+    opened."""
+    for connecting in (Store.connect(tmp_path / "x.db"), Store.in_memory()):
+        for name in ("get_run", "list_runs", "read_only"):
+            with pytest.raises(AttributeError, match=r"use store = await Store.connect\(url\)"):
+                getattr(connecting, name)
+        with pytest.raises(AttributeError, match="object has no attribute 'no_such'"):
+            getattr(connecting, "no_such")  # noqa: B009
+        assert not hasattr(connecting, "get_run")
+    assert list(tmp_path.iterdir()) == []
+
+
 async def test_connect_is_awaitable_and_store_closes_with_async_with(tmp_path: Path) -> None:
     """`await Store.connect(...)` gives a store; `async with store` closes it."""
     store = await Store.connect(tmp_path / "a.db")
