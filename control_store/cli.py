@@ -698,6 +698,7 @@ async def cmd_migrate(args: argparse.Namespace, out: Terminal) -> int:
         applied = await store.migrate()
         states = await store.migration_status()
     current = max((s.version for s in states if s.installed_on), default=0)
+    args.migrated = current  # for an error writing what follows: the migrate itself is done
     if args.json:
         out.print(out.json({"applied": applied, "version": current}))
     elif applied:
@@ -2020,7 +2021,15 @@ def _main(args: argparse.Namespace) -> int:
                 f"{elapsed:.1f} s, so the demo stopped; {_demo_leftovers(args)}"
             )
         elif not isinstance(exc.error, BrokenPipeError):
-            _complain(f"{PROG}: error: cannot write to standard output ({exc.error})")
+            done = getattr(args, "migrated", None)
+            _complain(
+                f"{PROG}: error: cannot write to standard output ({exc.error})"
+                + (
+                    ""
+                    if done is None
+                    else f"; the migrate succeeded: database is at migration {done}"
+                )
+            )
         # A reader that went away (`control-store runs | head`) is no error to tell: the
         # command stops quietly, as a program killed by SIGPIPE does.
         return EXIT_FAILURE

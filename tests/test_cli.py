@@ -1976,6 +1976,29 @@ def test_a_url_refused_gives_the_fix_in_the_command_lines_words(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("json_output", [False, True])
+def test_a_migrate_whose_output_fails_says_the_migrate_succeeded(
+    tmp_path: Path, json_output: bool
+) -> None:
+    """migrate with its output on a full disk: the error says the migrations were applied (it
+    said only that stdout could not be written, which reads as the migrate failed)."""
+    path = tmp_path / "new.db"
+    argv = ["migrate", "--url", str(path), *(["--json"] if json_output else [])]
+    code, _, err = _shell('exec "$@" > /dev/full', *argv)
+    assert code == 1
+    (line,) = err.splitlines()
+    assert line.startswith("control-store: error: cannot write to standard output"), line
+    assert line.endswith(f"; the migrate succeeded: database is at migration {SHIPPED[-1][0]}"), (
+        line
+    )
+    code, out, _ = _shell('exec "$@"', "migrate", "--url", str(path))
+    assert (code, out) == (
+        0,
+        f"database is up to date (migration {SHIPPED[-1][0]}); nothing to apply\n",
+    )
+
+
 def test_closed_stdout_fails_in_one_line(populated: tuple[Path, Run, Run]) -> None:
     """Started with stdout closed (>&-), a command does nothing and says why, in one line."""
     path, _, _ = populated
