@@ -997,7 +997,12 @@ async def _summarise(store: Store, run: Run) -> _Summary:
 
 
 def _begin_read(conn: sqlite3.Connection) -> None:
-    conn.execute("BEGIN")  # deferred: a read snapshot from the first read on, no lock
+    # Deferred: a read snapshot from the first read on, no lock, in WAL mode only. A file
+    # switched out of it (a copy for read-only media) would hold SQLite's SHARED lock for the
+    # whole walk, and every writer would wait on show, the store switching it back included.
+    (mode,) = conn.execute("PRAGMA journal_mode").fetchone()
+    if str(mode).lower() == "wal":
+        conn.execute("BEGIN")
 
 
 def _end_read(conn: sqlite3.Connection) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import uuid
 from collections import Counter
 from collections.abc import Sequence
@@ -231,3 +232,32 @@ async def _record_the_rest(path: Path, run: Run) -> None:
         done = await store.get_run(run.id)
         assert done is not None
         assert done.status == "done"
+
+
+def test_show_of_a_file_out_of_wal_mode_lets_writers_in_between_its_pages(
+    capsys: pytest.CaptureFixture[str], db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of WAL mode (a copy switched for read-only media) a read transaction holds SQLite's
+    SHARED lock, which keeps every writer out: show there reads page by page as before, and a
+    write between its pages goes through without waiting."""
+    run = asyncio.run(_populate(db_path))
+    with raw_db(db_path) as conn:
+        conn.execute("PRAGMA journal_mode = DELETE")
+    job_page = _sqlite.op_job_page
+    pages = 0
+
+    def op_job_page(run_id: str, after: int | None, limit: int, conn: object) -> object:
+        nonlocal pages
+        pages += 1
+        if pages == 2:
+            writer = sqlite3.connect(db_path, timeout=0, isolation_level=None)
+            try:
+                writer.execute("UPDATE runs SET manifest = manifest")
+            finally:
+                writer.close()
+        return job_page(run_id, after, limit, conn)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_sqlite, "op_job_page", op_job_page)
+    shown = json.loads(_show(capsys, str(run.id), "--url", str(db_path), "--json"))
+    assert pages > 2
+    assert sum(shown["jobs"].values()) == JOBS
