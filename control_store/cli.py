@@ -530,11 +530,19 @@ def _pastes_raw(char: str) -> bool:
 
 
 def _streams_encode(char: str) -> bool:
-    """Whether stdout and stderr (either may carry a suggested command) can write ``char``."""
+    """Whether stdout and stderr (either may carry a suggested command) write ``char`` as the
+    bytes it has in an argument: pasted, the terminal gives the shell the stream's bytes, and
+    the program reads its arguments in the file system encoding (PYTHONIOENCODING=latin-1 under
+    a UTF-8 locale writes an é as the one byte 0xe9, which as an argument is another name)."""
+    try:
+        wanted = os.fsencode(char)
+    except UnicodeEncodeError:
+        return False
     for stream in (sys.stdout, sys.stderr):
         encoding = getattr(stream, "encoding", None) or "utf-8"
         try:
-            char.encode(encoding)
+            if char.encode(encoding) != wanted:
+                return False
         except UnicodeEncodeError:
             return False
         except LookupError:  # an encoding Python does not know: the stream would fail anyway
@@ -542,9 +550,19 @@ def _streams_encode(char: str) -> bool:
     return True
 
 
+def _argument_bytes(char: str) -> bytes:
+    """``char`` as the bytes a program reads it from in an argument (its file system
+    encoding), else its UTF-8."""
+    try:
+        return os.fsencode(char)
+    except UnicodeEncodeError:
+        return char.encode("utf-8", "surrogateescape")
+
+
 def _printf_quote(arg: str) -> str:
     """``arg`` as a shell word that printf makes: its format's escapes are POSIX (\\\\,
-    %%, \\ddd octal, one per byte of a character's UTF-8), and a quote closes, escapes and
+    %%, \\ddd octal, one per byte of a character as an argument holds it: see
+    _argument_bytes), and a quote closes, escapes and
     reopens the single quotes around it."""
     escaped = "".join(
         "\\\\"
@@ -555,7 +573,7 @@ def _printf_quote(arg: str) -> str:
         if char == "'"
         else char
         if _pastes_raw(char)
-        else "".join(f"\\{byte:03o}" for byte in char.encode("utf-8", "surrogateescape"))
+        else "".join(f"\\{byte:03o}" for byte in _argument_bytes(char))
         for char in arg
     )
     return f"\"$(printf -- '{escaped}')\""

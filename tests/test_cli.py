@@ -1253,25 +1253,34 @@ def test_a_suggested_command_works_when_pasted_into_a_shell(
     assert made <= {path.name, f"{path.name}-wal", f"{path.name}-shm"}, made
 
 
-@pytest.mark.parametrize("name", ["\xe9t\xe9/o.db", "\u65e5\u672c.db"])
-def test_a_suggested_command_works_pasted_from_an_ascii_stream(tmp_path: Path, name: str) -> None:
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+@pytest.mark.parametrize("name", ["\xe9t\xe9/o.db", "\u65e5\u672c.db", "\xe9\u65e5/o.db"])
+def test_a_suggested_command_works_pasted_from_a_stream_of_another_encoding(
+    tmp_path: Path, name: str, encoding: str
+) -> None:
     """On a stream that cannot write a character of the path (PYTHONIOENCODING=ascii), the
     suggested command makes that character with printf: written raw, the stream showed it as
     the escape \\xe9, which pasted inside single quotes named another file ('\\xe9t...'), and
-    the failed command then still failed."""
+    the failed command then still failed. On a latin-1 stream under a UTF-8 locale, an é
+    written raw is the one byte 0xe9, which pasted is another name than the UTF-8 file's."""
     path = tmp_path / name
     path.parent.mkdir(exist_ok=True)
-    env = _clean_env() | {"PYTHONIOENCODING": "ascii"}
+    env = _clean_env() | {"PYTHONIOENCODING": encoding}
     argv = [sys.executable, "-m", "control_store", "runs", f"--url={name}"]
-    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, check=False)
     assert done.returncode == 1, done
-    command = _suggested(done.stderr, "(or")
+    # As a terminal in the stream's encoding shows the line, and pastes it back: its bytes.
+    command = _suggested(done.stderr.decode(encoding), "(or")
     pasted = command.replace("control-store", shlex.quote(sys.executable) + " -m control_store", 1)
     made = subprocess.run(
-        ["/bin/sh", "-c", pasted], cwd=tmp_path, env=env, capture_output=True, check=False
+        [b"/bin/sh", b"-c", pasted.encode(encoding)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        check=False,
     )
     assert made.returncode == 0, made.stderr
-    again = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, check=False)
+    again = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, check=False)
     assert again.returncode == 0, again.stderr
     assert path.exists()
 
