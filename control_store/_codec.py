@@ -265,10 +265,20 @@ def _int_fix(value: object) -> str:
         if not real.is_integer():
             return "give it a whole number (int(...) of it would drop the fraction)"
     elif is_a(value, str):
+        text = str.__str__(value)
         try:
-            int(str.__str__(value))
+            int(text)
         except ValueError:
+            if text.strip().lstrip("+-").replace("_", "").isdecimal():  # past int()'s digits
+                return (
+                    "give it a whole number in SQLite's 64-bit range: this text spells one far "
+                    "past it"
+                )
             return "give it a whole number: this text spells none"
+    elif not is_a(value, bool):
+        # Anything else (a Decimal, a Fraction, a list, a numpy scalar): int() of it may drop a
+        # fraction or raise, and its methods are not called to tell.
+        return "give it a whole number as an int (int(...) of it drops a fraction, or raises)"
     return "pass int(...) of it"
 
 

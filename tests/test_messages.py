@@ -7,6 +7,8 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -807,7 +809,20 @@ async def test_an_exact_uuid_whose_slot_holds_no_128_bit_number_is_refused(
 
 
 @pytest.mark.parametrize(
-    "given", [float("nan"), float("inf"), None, "abc", 1.5, "7", 7.0], ids=repr
+    "given",
+    [
+        float("nan"),
+        float("inf"),
+        None,
+        "abc",
+        1.5,
+        "7",
+        7.0,
+        Decimal("7.5"),
+        Fraction(15, 2),
+        [7],
+    ],
+    ids=repr,
 )
 async def test_an_int_fields_fix_works_as_written(store: Store, given: object) -> None:
     """The fix for a value where an int is expected works when followed: "pass int(...) of it"
@@ -817,7 +832,7 @@ async def test_an_int_fields_fix_works_as_written(store: Store, given: object) -
         await store.insert_run(_any_run("m", ["a"], given, 1))
     message = str(caught.value)
     if "pass int(...) of it" in message:
-        whole = int(given)  # type: ignore[call-overload]
+        whole = int(given)  # type: ignore[call-overload, arg-type]
         assert whole == given or str(whole) == given
     else:
         assert "give it a whole number" in message, message
