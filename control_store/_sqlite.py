@@ -1019,7 +1019,8 @@ def _check_new_file(path: str, name: str) -> None:
             "and close() keeps its writes); only if no process has it open and its contents are "
             f"not wanted, delete {files} and connect again"
         )
-    if not _may(str(target.parent), os.W_OK | os.X_OK) and not os.path.lexists(path):
+    # By the target: a dangling symlink's file is made in its target's directory.
+    if not _may(str(target.parent), os.W_OK | os.X_OK) and not os.path.lexists(target):
         # SQLite says only "unable to open database file" (SQLITE_CANTOPEN), which read as a
         # full or failing disk.
         directory = str(target.parent)

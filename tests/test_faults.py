@@ -227,6 +227,32 @@ async def test_a_new_file_in_a_write_protected_directory_is_named_at_connect(
     await assert_sound(db)
 
 
+async def test_a_dangling_symlink_into_a_write_protected_directory_is_named_at_connect(
+    tmp_path: Path, spawn: Callable[..., Worker]
+) -> None:
+    """A symlink to a database yet to be made in a directory this user may not write is
+    refused naming that directory, as a plain path there is, not as a full or failing disk."""
+    directory = tmp_path / "protected"
+    directory.mkdir()
+    link = tmp_path / "link.db"
+    link.symlink_to(directory / "new.db")
+    directory.chmod(0o555)
+    try:
+        worker = spawn("write-read-only", link)
+        refused = worker.expect("refused")
+    finally:
+        directory.chmod(0o755)
+    line = " ".join(refused)
+    assert refused[1:3] == ["StorageError", "True"], line
+    assert f"its directory '{directory}' may not be written by this user" in line, line
+    assert "free space" not in line
+    assert list(directory.iterdir()) == []
+    worker.go()
+    worker.expect("inserted")
+    worker.finish()
+    await assert_sound(link)
+
+
 async def test_a_new_file_on_a_read_only_mount_is_named_as_that(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
