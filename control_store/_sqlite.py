@@ -2374,12 +2374,18 @@ def _lenient_text(conn: sqlite3.Connection) -> Iterator[None]:
 RunParams = tuple[str, str, str, int, int, str, str, int]
 
 
+def _utf8_length(text: str) -> int:
+    """The length of ``text`` in UTF-8, without a copy for ASCII text (most of it)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 def op_insert_run(params: tuple[Any, ...], conn: sqlite3.Connection) -> None:
     try:
         conn.execute(INSERT_RUN, params)
     except (sqlite3.DataError, OverflowError) as exc:  # a value too long: name the run's field
         fields = (("manifest", params[1]), ("models", params[2]))
-        column, value = max(fields, key=lambda field: len(field[1]))
+        # By bytes, as SQLite's limit counts: the one with more characters may have fewer.
+        column, value = max(fields, key=lambda field: _utf8_length(field[1]))
         form = "JSON; " if column == "models" else ""
         too_big = _refused_as_too_big(
             exc,

@@ -1086,6 +1086,13 @@ async def test_a_text_longer_than_sqlite_keeps_is_invalid_input(store: Store) ->
             assert str(caught.value).startswith(named), caught.value
             assert "longer than SQLite keeps" in str(caught.value)
         assert await store.get_run(long_run.id) is None
+    # The field named is the one too long in bytes, as SQLite counts, not in characters: a
+    # manifest of 6,000 ASCII characters fits, models of 4,000 CJK characters (12,000 bytes)
+    # do not.
+    wide = Run("m" * 6_000, ["\u65e5" * 4_000], 1, 1)
+    with pytest.raises(InvalidInputError) as caught:
+        await store.insert_run(wide)
+    assert str(caught.value).startswith(f"run {wide.id}: its models, "), caught.value
     # A job's too: named by its place in the batch and its id, as an outcome is.
     other = make_run(job_count=3)
     await store.insert_run(other)
