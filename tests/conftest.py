@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib.util
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -380,3 +382,18 @@ def one_call_of_each_kind(store: Store, run: Run) -> dict[str, Callable[[], Awai
         ),
         "iter_jobs": lambda: first_job(store, run),
     }
+
+
+BENCH = Path(__file__).parent.parent / "bench" / "run.py"
+
+
+def bench_module(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """bench/run.py imported, for the duration of one test (its dataclasses look their module
+    up in sys.modules while they are made)."""
+    spec = importlib.util.spec_from_file_location("control_store_bench", BENCH)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module

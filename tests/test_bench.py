@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).parent.parent / "bench" / "run.py"
+from conftest import BENCH, bench_module
+
 RUN_WAIT = 600.0  # seconds; only a bound on a hang, never an expectation of speed
 
 # Every workload the README's table shows, per setting; the peers (--peers) are not installed
@@ -91,23 +90,11 @@ def test_an_only_that_matches_no_workload_says_so(tmp_path: Path) -> None:
     assert not out.exists()
 
 
-def _bench_module(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """bench/run.py imported, for the duration of one test (its dataclasses look their module
-    up in sys.modules while they are made)."""
-    spec = importlib.util.spec_from_file_location("control_store_bench", BENCH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_machine_line_says_how_idle_cpus_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The idle driver, with haltpoll's polling window (a hop's price on a VM), or "unknown"."""
-    bench = _bench_module(monkeypatch)
+    bench = bench_module(monkeypatch)
     driver, window = tmp_path / "current_driver", tmp_path / "guest_halt_poll_ns"
     monkeypatch.setattr(bench, "_CPUIDLE_DRIVER", driver)
     monkeypatch.setattr(bench, "_HALT_POLL_NS", window)

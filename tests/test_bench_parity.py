@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import re
 import sqlite3
-import sys
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
@@ -21,7 +19,7 @@ from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).parent.parent / "bench" / "run.py"
+from conftest import bench_module
 
 PRAGMAS = (
     "journal_mode",
@@ -46,16 +44,6 @@ def _shape(sql: str) -> str:
     sql = re.sub(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w])", "N", sql)
     sql = sql.replace("( ", "(").replace(" )", ")")
     return re.sub(r" RETURNING .*", " RETURNING ...", sql)
-
-
-def _bench_module(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("control_store_bench_parity", BENCH)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _traced_pairs(
@@ -129,7 +117,7 @@ def _traced_pairs(
 def test_every_raw_baseline_runs_the_librarys_statements_at_its_pragmas(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    bench = _bench_module(monkeypatch)
+    bench = bench_module(monkeypatch)
     monkeypatch.setattr(
         bench,
         "SETTINGS",
