@@ -561,9 +561,8 @@ def _argument_bytes(char: str) -> bytes:
 
 def _printf_quote(arg: str) -> str:
     """``arg`` as a shell word that printf makes: its format's escapes are POSIX (\\\\,
-    %%, \\ddd octal, one per byte of a character as an argument holds it: see
-    _argument_bytes), and a quote closes, escapes and
-    reopens the single quotes around it."""
+    %%, \\ddd octal, one per byte of a character as an argument holds it: _argument_bytes),
+    and a quote closes, escapes and reopens the single quotes around it."""
     escaped = "".join(
         "\\\\"
         if char == "\\"
@@ -1035,8 +1034,9 @@ async def _one_snapshot(store: Store) -> AsyncIterator[None]:
     show reads the run, then its jobs a page at a time: each read its own snapshot had it
     print, while outcomes were being recorded, a progress (the run's done_count) that its job
     counts and tallies contradict, a run 'running' with every job done, and counts of no
-    single moment. One read transaction over them all costs no lock (WAL: writers go on), but
-    keeps the -wal from being checkpointed past it while show reads, as check() does."""
+    single moment. One read transaction over them all costs no lock in WAL mode (writers go
+    on; out of it there is none, see _begin_read), but keeps the -wal from being checkpointed
+    past it while show reads, as check() does."""
     backend = store._connected()
     await backend.read(_begin_read)
     try:
