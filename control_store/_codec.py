@@ -660,16 +660,17 @@ def _check_score(score: object, *, where: str) -> float | int:
     # A subclass's plain value, checked and stored as that: never its own methods.
     if is_a(score, int):
         whole = int.__index__(score)
-        if not -_FLOAT_MAX <= whole <= _FLOAT_MAX or float(whole) != whole:
+        in_range = -_FLOAT_MAX <= whole <= _FLOAT_MAX
+        if not in_range or float(whole) != whole:
+            fix = (
+                "pass float(...) of it"
+                if in_range
+                else f"no float holds it (none is beyond {sys.float_info.max:.3g}): pass a "
+                "smaller score"
+            )
             raise InvalidInputError(
                 f"{where}: score is {shown(whole)}, an int that a float (what a score is kept "
-                "as) cannot hold exactly; "
-                + (
-                    "pass float(...) of it"
-                    if -_FLOAT_MAX <= whole <= _FLOAT_MAX
-                    else f"no float holds it (none is beyond {sys.float_info.max:.3g}): pass a "
-                    "smaller score"
-                )
+                f"as) cannot hold exactly; {fix}"
             )
         return whole
     real = float.__float__(cast(float, score))

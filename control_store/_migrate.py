@@ -74,6 +74,15 @@ def checksum(sql_bytes: bytes) -> bytes:
     return hashlib.sha384(normalised).digest()
 
 
+# The errors of an OSError that a retry may cure, once files are closed or memory freed: a
+# process out of descriptors (its own, or the system's), or memory, or interrupted.
+RETRYABLE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR})
+# The fix for a process at its limit of open files.
+OUT_OF_FILES_FIX: Final = (
+    "close some files (each open store holds three) or raise the limit (ulimit -n), then retry"
+)
+
+
 def load_migrations(backend: str, directory: Path | None = None) -> list[Migration]:
     """Every migration of ``backend``, in version order.
 
@@ -87,10 +96,9 @@ def load_migrations(backend: str, directory: Path | None = None) -> list[Migrati
     except OSError as exc:
         # Out of descriptors or memory, a retry may cure; a directory gone or unreadable (a
         # broken install) no retry cures.
-        transient = exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR)
+        transient = exc.errno in RETRYABLE_ERRNOS
         fix = (
-            "close some files (each open store holds three) or raise the limit (ulimit -n), "
-            "then retry"
+            OUT_OF_FILES_FIX
             if transient
             else "make the directory readable, or reinstall control-store"
         )

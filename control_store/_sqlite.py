@@ -1196,8 +1196,7 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
             # open files: that limit, not the disk, is what to fix.
             error = StorageError(
                 f"{database} cannot be opened [{detail}]: this process is at its limit of open "
-                "files; nothing was changed: close some files (each open store holds three) or "
-                "raise the limit (ulimit -n), then retry"
+                f"files; nothing was changed: {_migrate.OUT_OF_FILES_FIX}"
             )
             error.retryable = True
         elif name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN")):

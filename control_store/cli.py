@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import errno
 import io
 import json
 import os
@@ -1165,7 +1164,7 @@ async def cmd_demo(args: argparse.Namespace, out: Terminal) -> int:
         from . import _demo  # only the demo needs multiprocessing and the fleet's code
     except OSError as exc:  # its file cannot be opened: out of file descriptors, say
         loading = f"the demo's code could not be loaded ({exc}); nothing was done"
-        if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR):
+        if exc.errno not in _migrate.RETRYABLE_ERRNOS:
             raise Failure(f"{loading}: reinstall control-store, then run it again") from exc
         # As the store's own refusal for want of descriptors or memory: a retry may cure it.
         error = StorageError(
