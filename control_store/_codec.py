@@ -15,6 +15,8 @@ import sys
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
+from decimal import Decimal
+from fractions import Fraction
 from typing import Annotated, Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
 import msgspec
@@ -292,6 +294,23 @@ def _float_fix(value: object) -> str:
             return "give it a number: this text spells none (or None for no score)"
         if not math.isfinite(real):
             return "give it a finite number (or None for no score, with error=...)"
+    elif type(value) in (Decimal, Fraction):
+        # The standard library's own exact types (never a subclass, whose float() is its own
+        # code): float() of one may raise (too large a Fraction, a signalling NaN) or give a
+        # score refused too (Decimal('NaN'), Decimal('1E+400') gives inf).
+        try:
+            real = float(cast(Decimal | Fraction, value))
+        except (OverflowError, ValueError):
+            real = math.nan
+        if not math.isfinite(real):
+            return (
+                f"give it a finite number a float holds (none is beyond "
+                f"{sys.float_info.max:.3g}), or None for no score, with error=..."
+            )
+    elif not is_a(value, bool):
+        # Anything else (a list, a numpy scalar, a type of the caller's): its float() is its
+        # own code, not called to tell.
+        return "give it a finite number as a float (float(...) of it may raise, or give inf or nan)"
     return "pass float(...) of it"
 
 

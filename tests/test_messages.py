@@ -3,6 +3,7 @@ names the field and says what to pass instead, and nothing changes."""
 
 from __future__ import annotations
 
+import math
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -837,6 +838,39 @@ async def test_an_int_fields_fix_works_as_written(store: Store, given: object) -
     else:
         assert "give it a whole number" in message, message
     assert await store.list_runs() == []
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        Decimal("1E+400"),
+        Decimal("NaN"),
+        Decimal("sNaN"),
+        Decimal("-Infinity"),
+        Fraction(10**400),
+        [0.5],
+        Decimal("0.5"),
+        Fraction(1, 4),
+        True,
+    ],
+    ids=lambda given: repr(given)[:20],
+)
+async def test_a_scores_fix_works_as_written(store: Store, given: object) -> None:
+    """A score of another type is told to "pass float(...) of it" only where float() takes it
+    and gives a score the store keeps (of Decimal('1E+400') it gives inf, of a huge Fraction
+    it raises), else to give a finite number; nothing is recorded either way."""
+    run = make_run()
+    job = make_jobs(run, 1)[0]
+    await store.insert_run(run)
+    await store.insert_jobs([job])
+    with pytest.raises(InvalidInputError) as caught:
+        await store.record_job_outcome(run.id, JobOutcome(job.id, score=given))  # type: ignore[arg-type]
+    message = str(caught.value)
+    if "pass float(...) of it" in message:
+        assert math.isfinite(float(given))  # type: ignore[arg-type]
+    else:
+        assert "give it a finite number" in message, message
+    assert await store.get_job(job.id) == job
 
 
 async def test_text_and_score_fixes_work_as_written(store: Store) -> None:
