@@ -4747,6 +4747,7 @@ class _Worker:
         "busy_timeout",
         "database",
         "identity",
+        "left_open",
         "lock",
         "path",
         "raw",
@@ -4769,6 +4770,8 @@ class _Worker:
         # it runs, or the event loop's thread for a call run inline (see
         # SqliteBackend._inline_ok).
         self.lock = threading.Lock()
+        # A ROLLBACK failed (an I/O error), leaving its transaction open: see roll_back.
+        self.left_open = False
 
     def translate(self, exc: BaseException) -> BaseException:
         return translate(exc, database=self.database, busy_timeout=self.busy_timeout)
@@ -4785,6 +4788,8 @@ class _Worker:
 
     def run_read_locked(self, op: Op[T]) -> T:
         try:
+            if self.left_open:
+                self.end_left_open()
             return op(self.raw)
         except Exception as exc:
             self.raise_(exc)
@@ -4803,6 +4808,8 @@ class _Worker:
     def transact_one_locked(self, op: Op[Any]) -> tuple[bool, Any]:
         conn = self.raw
         try:
+            if self.left_open:
+                self.end_left_open()
             # IMMEDIATE: a deferred transaction that reads then writes gets SQLITE_BUSY at once
             # across processes, ignoring busy_timeout; IMMEDIATE waits for the lock properly.
             conn.execute("BEGIN IMMEDIATE")
@@ -4810,14 +4817,11 @@ class _Worker:
                 self.refuse_replaced_file()
                 result = self.run_op(op, self.restart)
             except BaseException as exc:  # KeyboardInterrupt from a job generator too
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                self.roll_back()
                 return (False, self.translate(exc))
             conn.execute("COMMIT")
         except Exception as exc:
-            with contextlib.suppress(sqlite3.Error):  # in_transaction raises once closed
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+            self.roll_back()
             return (False, self.translate(exc))
         return (True, result)
 
@@ -4835,6 +4839,8 @@ class _Worker:
     def transact_locked(self, ops: Sequence[Op[Any] | None]) -> list[tuple[bool, Any]]:
         conn = self.raw
         try:
+            if self.left_open:
+                self.end_left_open()
             conn.execute("BEGIN IMMEDIATE")  # IMMEDIATE: see transact_one
         except sqlite3.Error as exc:
             return _each_own(self.translate(exc), len(ops))
@@ -4855,18 +4861,33 @@ class _Worker:
                 conn.execute("RELEASE group_commit")
                 results.append(result)
         except Exception as exc:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
+            self.roll_back()
             return _each_own(self.translate(exc), len(ops))
         try:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            with contextlib.suppress(sqlite3.Error):  # in_transaction raises once closed
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+            self.roll_back()
             return self.apart(ops, results, exc)
         return results
+
+    def roll_back(self) -> None:
+        """Roll back the open transaction, if any, raising nothing: an error path's, whose caller
+        is told its own error, not the ROLLBACK's. A ROLLBACK that fails (an I/O error) leaves
+        the transaction open, with the write lock, and this connection's reads would see the
+        writes of a call that was told they failed: the next call ends it first."""
+        conn = self.raw
+        try:
+            if conn.in_transaction:  # raises once the connection is closed
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            self.left_open = True
+
+    def end_left_open(self) -> None:
+        """Roll back the transaction a failed ROLLBACK left open (see roll_back); raises if it
+        fails again, for the call to report."""
+        if self.raw.in_transaction:
+            self.raw.execute("ROLLBACK")
+        self.left_open = False
 
     def apart(
         self,

@@ -86,6 +86,82 @@ async def test_a_full_database_refuses_the_write_keeps_the_rest_and_accepts_the_
     assert await store.check() == []
 
 
+class _Failing:
+    """The store's sqlite3 connection, its next statements starting with given words failing
+    as a failing disk's do: those in ``after`` once they ran (their rows written into the open
+    transaction), those in ``before`` without running."""
+
+    def __init__(
+        self,
+        raw: sqlite3.Connection,
+        *,
+        after: dict[str, sqlite3.Error],
+        before: dict[str, sqlite3.Error],
+    ) -> None:
+        self._raw = raw
+        self._after = after
+        self._before = before
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+    @staticmethod
+    def _fail(sql: str, fails: dict[str, sqlite3.Error]) -> None:
+        for words, error in list(fails.items()):
+            if sql.lstrip().startswith(words):
+                del fails[words]
+                raise error
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        self._fail(sql, self._before)
+        cursor = self._raw.execute(sql, params)
+        self._fail(sql, self._after)
+        return cursor
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        self._fail(sql, self._before)
+        cursor = self._raw.executemany(sql, rows)
+        self._fail(sql, self._after)
+        return cursor
+
+
+def _sqlite_error(message: str, name: str, code: int) -> sqlite3.OperationalError:
+    error = sqlite3.OperationalError(message)
+    error.sqlite_errorname, error.sqlite_errorcode = name, code
+    return error
+
+
+async def test_a_rollback_that_fails_leaves_no_transaction_for_the_next_call(
+    db_path: Path,
+) -> None:
+    """A write failing on a failing disk whose ROLLBACK fails too (an I/O error) is told its
+    own error, not the ROLLBACK's; and the transaction the ROLLBACK left open, holding the
+    failed call's rows and the write lock, is ended before the next call: a read does not see
+    rows the caller was told were not written, and writes go on."""
+    async with await Store.connect(db_path) as store:
+        run = make_run(job_count=2)
+        jobs = make_jobs(run)
+        await store.insert_run(run)
+        worker = store._connected()._worker
+        worker.raw = _Failing(  # type: ignore[assignment]
+            worker.raw,
+            after={
+                "INSERT INTO jobs": _sqlite_error("database or disk is full", "SQLITE_FULL", 13)
+            },
+            before={"ROLLBACK": _sqlite_error("disk I/O error", "SQLITE_IOERR", 10)},
+        )
+        with pytest.raises(StorageError, match="is full"):
+            await store.insert_jobs(jobs)
+        assert await store.get_job(jobs[0].id) is None
+        assert await store.list_jobs(run.id) == []
+        await store.insert_jobs(jobs)
+        assert await store.record_job_outcome(run.id, JobOutcome(jobs[0].id, score=1.0))
+        assert await store.check() == []
+    async with await Store.connect(db_path) as store:
+        assert [job.id for job in await store.list_jobs(run.id)] == [job.id for job in jobs]
+        assert await store.check() == []
+
+
 async def test_a_write_that_fills_the_database_fails_alone_in_its_group(db_path: Path) -> None:
     """One insert_jobs too big for the room left, grouped with small writes before and after
     it: SQLite rolls back the whole group's transaction, yet only that call fails; the others
