@@ -834,11 +834,12 @@ def _runs_table(
     """The table of ``runs`` (or its next part, ``after`` the widths of the part before);
     returns the widths used."""
     header = ["RUN ID", "STATUS", "PROGRESS", "AGE", "MANIFEST", "MODELS"]
+    digits = max(len(str(run.job_count)) for run in runs)
     rows = [
         [
             str(run.id),
             run.status.value,
-            f"{out.bar(run.done_count, run.job_count)} {_fraction(run)}",
+            f"{out.bar(run.done_count, run.job_count)} {_fraction(run, digits)}",
             _age(run.created_at, now),
             # Cut as the stream shows it: on one that cannot encode a character, its escape.
             _clip(out.shown(_printable(run.manifest)), 40 if out.tty else out.width, out.ellipsis),
@@ -888,10 +889,12 @@ def _fit_names(names: Sequence[str], width: int, ellipsis: str = "…") -> str:
     return f"{count} model{'' if count == 1 else 's'}"
 
 
-def _fraction(run: Run) -> str:
-    width = len(str(run.job_count))
+def _fraction(run: Run, width: int = 0) -> str:
+    """``done/job_count pct%``, the counts right-aligned to ``width`` digits (at least the
+    run's own), so that the cells of a table's rows line up."""
+    width = max(width, len(str(run.job_count)))
     percent = 100 * run.done_count // run.job_count if run.job_count else 100
-    return f"{run.done_count:>{width}}/{run.job_count} {percent:>3}%"
+    return f"{run.done_count:>{width}}/{run.job_count:<{width}} {percent:>3}%"
 
 
 @dataclass(frozen=True, slots=True)

@@ -158,6 +158,28 @@ def test_runs_lists_newest_first_with_progress(
     assert "model-a, model-b" in second
 
 
+def test_runs_lines_up_the_progress_of_runs_of_different_sizes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The counts and percentages of runs of 5, 50 and 5,000 jobs stand in one column each:
+    every run's counts are padded to the widest job_count of the table, not to its own."""
+    db = tmp_path / "sizes.db"
+
+    async def fill() -> None:
+        async with Store.connect(db) as store:
+            for count in (5, 50, 5_000):
+                run = make_run(job_count=count)
+                await store.insert_run(run, jobs=make_jobs(run))
+
+    asyncio.run(fill())
+    code, out, err = run_cli(capsys, "runs", "--url", str(db))
+    assert (code, err) == (0, "")
+    rows = out.splitlines()[1:]
+    assert len(rows) == 3
+    assert len({row.index("/") for row in rows}) == 1, out
+    assert len({row.index("%") for row in rows}) == 1, out
+
+
 def test_runs_json_parses_back_to_the_stored_runs(
     capsys: pytest.CaptureFixture[str], populated: tuple[Path, Run, Run]
 ) -> None:
