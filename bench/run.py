@@ -127,7 +127,7 @@ class Databases:
     async def store(self, setting: Setting) -> Store:
         path = self.path(setting)
         url = _sqlite.MEMORY_URL if path == _sqlite.MEMORY else path  # ":memory:" is refused
-        return await Store.connect(url, synchronous=setting.synchronous)
+        return await Store.connect(url, synchronous=setting.synchronous)  # type: ignore[arg-type]
 
     def raw(self, setting: Setting) -> sqlite3.Connection:
         path = self.path(setting)

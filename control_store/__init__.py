@@ -5,7 +5,7 @@ the store records transactionally and idempotently, so at-least-once delivery ne
 job twice.
 """
 
-from ._store import MigrationState, Store
+from ._store import ConnectOptions, MigrationState, Store
 from .errors import (
     AlreadyExistsError,
     ConfigurationError,
@@ -32,6 +32,7 @@ from .models import EvalJob, Job, JobId, JobOutcome, JobStatus, Problem, Run, Ru
 __all__ = [
     "AlreadyExistsError",
     "ConfigurationError",
+    "ConnectOptions",
     "ConstraintError",
     "ControlError",
     "CorruptRowError",

@@ -17,7 +17,7 @@ from collections.abc import (
 )
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypedDict, TypeVar, Unpack
 
 from . import _codec, _sqlite
 from ._show import is_a, shown, typed
@@ -290,6 +290,20 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
             await store.close()
 
 
+class ConnectOptions(TypedDict, total=False):
+    """The keyword options of ``Store.connect`` and ``Store.in_memory``, as a type checker
+    sees them (README, "Options"), and the type of a dict of them passed as ``**options``.
+
+    Every value is still checked when the store connects (a wrong one, or an unknown name, is
+    a ``ConfigurationError``): this lets ``mypy`` see a misspelt option or a wrong type first.
+    """
+
+    busy_timeout: float
+    synchronous: Literal["FULL", "NORMAL", "EXTRA", "OFF", "full", "normal", "extra", "off"]
+    migrate: bool
+    read_only: bool
+
+
 class Store:
     """The durable control plane: runs, their jobs, atomic claims, idempotent outcomes.
 
@@ -309,7 +323,7 @@ class Store:
         self._closed: _sqlite.SqliteBackend | None = None  # once closing: what close() awaits
 
     @staticmethod
-    def connect(url: str | os.PathLike[str], **options: Any) -> _Connecting:
+    def connect(url: str | os.PathLike[str], **options: Unpack[ConnectOptions]) -> _Connecting:
         """Open the store at ``url``, creating the file and migrating it as needed.
 
         URLs: ``sqlite://relative/path.db``, ``sqlite:///absolute/path.db``, ``sqlite::memory:``,
@@ -336,12 +350,12 @@ class Store:
         only where SQLite finds or may create its -wal and -shm files (README, "Read-only
         stores").
         """
-        return _Connecting(url, options)
+        return _Connecting(url, dict(options))
 
     @staticmethod
-    def in_memory(**options: Any) -> _Connecting:
+    def in_memory(**options: Unpack[ConnectOptions]) -> _Connecting:
         """A store on a private in-memory database (``sqlite::memory:``)."""
-        return _Connecting(_sqlite.MEMORY_URL, options)
+        return _Connecting(_sqlite.MEMORY_URL, dict(options))
 
     async def __aenter__(self) -> Self:
         # A closed store, or one of another event loop or process: refused here, before the

@@ -632,7 +632,7 @@ async def test_bad_options_are_refused(
     """An unknown option or a bad value is a ConfigurationError naming it; no file is made."""
     path = tmp_path / "x.db"
     with pytest.raises(ConfigurationError, match=match):
-        await Store.connect(path, **options)
+        await Store.connect(path, **options)  # type: ignore[arg-type]
     assert not path.exists()
 
 
@@ -640,7 +640,7 @@ async def test_bad_options_are_refused(
 async def test_synchronous_option_is_applied(tmp_path: Path, synchronous: str) -> None:
     """The synchronous option reaches SQLite (checked on the store's own connection)."""
     levels = {"OFF": 0, "NORMAL": 1, "FULL": 2, "EXTRA": 3}
-    async with Store.connect(tmp_path / "s.db", synchronous=synchronous) as store:
+    async with Store.connect(tmp_path / "s.db", synchronous=synchronous) as store:  # type: ignore[arg-type]
         backend = store._open()
         value = await backend.read(lambda c: c.execute("PRAGMA synchronous").fetchone()[0])
         mode = await backend.read(lambda c: c.execute("PRAGMA journal_mode").fetchone()[0])
@@ -831,7 +831,7 @@ async def test_a_file_an_older_release_made_under_an_escaped_url_is_not_replaced
         with pytest.raises(
             ConfigurationError, match=r"names 'old runs.db'.*'old%20runs.db' does.*rename"
         ):
-            await Store.connect("sqlite://old%20runs.db", **options)
+            await Store.connect("sqlite://old%20runs.db", **options)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match=r"URL 'sqlite://a%00b.db' .* NUL"):
         await Store.connect("sqlite://a%00b.db")
     assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -212,7 +212,8 @@ async def test_values_whose_own_methods_raise_are_used_by_their_plain_value(stor
     with pytest.raises(InvalidInputError, match=rf"wrap it as uuid\.UUID\('{text}'\)"):
         await store.get_run(_HostileText(text))  # type: ignore[arg-type]
     async with Store.in_memory(
-        synchronous=_HostileText("normal"), busy_timeout=_ComparesBadly(2.5)
+        synchronous=_HostileText("normal"),  # type: ignore[arg-type]
+        busy_timeout=_ComparesBadly(2.5),
     ) as other:
         assert await other.list_runs() == []
     async with Store.connect(_HostileText("sqlite::memory:")) as other:  # startswith() raises
@@ -752,7 +753,7 @@ async def test_a_url_of_the_wrong_type_says_what_to_pass(
 async def test_migrate_option_says_what_each_value_does() -> None:
     """migrate= that is not a bool says what True and False do."""
     with pytest.raises(ConfigurationError, match=r"migrate='yes' must be True or False; True \("):
-        await Store.in_memory(migrate="yes")
+        await Store.in_memory(migrate="yes")  # type: ignore[arg-type]
 
 
 async def test_a_lost_tracking_row_is_named_not_called_pending(db_path: Path) -> None:
@@ -767,7 +768,7 @@ async def test_a_lost_tracking_row_is_named_not_called_pending(db_path: Path) ->
     lost = rf"records migration {newest} \({description}\) as applied, but not migration 1 \(init\)"
     for options in ({"read_only": True}, {}, {"migrate": False}):
         with pytest.raises(MigrationError, match=lost):
-            await Store.connect(db_path, **options)
+            await Store.connect(db_path, **options)  # type: ignore[arg-type]
     assert db_path.read_bytes() == before
     with raw_db(db_path) as conn:
         assert conn.execute(f"SELECT version FROM {TRACKING}").fetchall() == [

@@ -7,9 +7,12 @@ import inspect
 import pickle
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 import control_store
-from control_store import errors
+from control_store import ConfigurationError, ConnectOptions, Store, errors
 
 
 def test_all_is_sorted_and_complete() -> None:
@@ -84,3 +87,23 @@ def test_every_error_survives_pickle_and_copy() -> None:
             assert type(copied) is kind
             assert copied.args == original.args
             assert vars(copied) == vars(original)
+
+
+async def test_connect_options_are_typed(tmp_path: Path) -> None:
+    """A misspelt or mistyped option of Store.connect is a type error to mypy, not only a
+    ConfigurationError at run time: its options are no ``**options: Any``. Each ignore below
+    is needed: `nox -s typecheck` (mypy --strict, which warns of an unused one) fails if the
+    options lose their types."""
+    path = tmp_path / "x.db"
+    with pytest.raises(ConfigurationError, match="unknown option busy_timout=5"):
+        await Store.connect(path, busy_timout=5)  # type: ignore[call-arg]
+    with pytest.raises(ConfigurationError, match="busy_timeout='5' must be a number"):
+        await Store.connect(path, busy_timeout="5")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="read_only=1 must be True or False"):
+        await Store.in_memory(read_only=1)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="synchronous='FAST' must be one of"):
+        await Store.connect(path, synchronous="FAST")  # type: ignore[arg-type]
+    assert not path.exists()
+    options: ConnectOptions = {"busy_timeout": 2, "synchronous": "normal", "migrate": True}
+    async with Store.connect(path, **options) as store:
+        assert await store.list_runs() == []

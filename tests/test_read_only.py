@@ -348,7 +348,7 @@ async def test_a_newer_schema_is_refused_naming_both_versions(db_path: Path) -> 
 async def test_read_only_must_be_a_bool(db_path: Path, value: object) -> None:
     """read_only that is not True or False is a ConfigurationError naming the value."""
     with pytest.raises(ConfigurationError, match=rf"read_only={value!r} must be True or False"):
-        await Store.connect(db_path, read_only=value)
+        await Store.connect(db_path, read_only=value)  # type: ignore[arg-type]
 
 
 async def test_read_only_contradicts_an_explicit_migrate(db_path: Path) -> None:
