@@ -7,6 +7,7 @@ import inspect
 import pickle
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,15 @@ async def test_connect_options_are_typed(tmp_path: Path) -> None:
     options: ConnectOptions = {"busy_timeout": 2, "synchronous": "normal", "migrate": True}
     async with Store.connect(path, **options) as store:
         assert await store.list_runs() == []
+
+
+def test_a_run_is_unhashable_and_the_other_models_hash() -> None:
+    """As the README says: key runs by run.id, since hash(run) raises (its models are a list);
+    a Job (its outcome too), an EvalJob and a JobOutcome hash, equal ones alike."""
+    run = control_store.Run("m", ["a"], 1, 1)
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(run)
+    outcome = control_store.JobOutcome(uuid.uuid4(), score=1.0)
+    job = control_store.Job(run.id, control_store.EvalJob("a", "s", 0), outcome=outcome)
+    for model in (job, job.spec, outcome):
+        assert hash(model) == hash(copy.deepcopy(model))
