@@ -68,6 +68,28 @@ def migrations_dir(backend: str) -> Path:
     )
 
 
+# Checksums an earlier state of a shipped migration file had, whose schema is the one the file
+# makes now (only comments or an IF NOT EXISTS changed): a database it migrated is sound, and
+# must not be refused as edited. 0003_runs_created was first shipped without IF NOT EXISTS.
+EARLIER_CHECKSUMS: Final = {
+    3: frozenset(
+        {
+            bytes.fromhex(
+                "29f4363057b33d9b13fff85c1e28952cda3286895485037927268ba8b8b8fb4d"
+                "47cdc04823bbf84f14a54516c360b34e"
+            )
+        }
+    ),
+}
+
+
+def same_migration(migration: Migration, recorded: bytes) -> bool:
+    """Whether ``recorded`` is the checksum of ``migration``'s file, now or as first shipped."""
+    return recorded == migration.checksum or recorded in EARLIER_CHECKSUMS.get(
+        migration.version, ()
+    )
+
+
 def checksum(sql_bytes: bytes) -> bytes:
     """SHA-384 of a migration file with CRLF and CR line endings normalised to LF."""
     normalised = sql_bytes.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
@@ -203,7 +225,7 @@ def pending(
                 f"X'{mine.checksum.hex()}' WHERE version = {row.version}) if the schema is as "
                 "the migration makes it, or restore the database from a backup",
             )
-        if mine.checksum != row.checksum:
+        if not same_migration(mine, row.checksum):
             raise MigrationChangedError(
                 f"migration {row.version} ({row.description}) of {database} was applied with a "
                 f"different checksum than {mine.path.name} has now; applied migrations must "

@@ -2231,10 +2231,38 @@ def migrate(conn: sqlite3.Connection, *, database: str) -> list[int]:
             )
             conn.execute("COMMIT")
             applied.append(migration.version)
-        except BaseException:
+        except BaseException as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            if applied and isinstance(exc, (sqlite3.Error, ControlError)):
+                raise _after_applied(exc, applied, known, conn, database) from exc
             raise
+
+
+def _after_applied(
+    exc: BaseException,
+    applied: Sequence[int],
+    known: Sequence[_migrate.Migration],
+    conn: sqlite3.Connection,
+    database: str,
+) -> BaseException:
+    """The error of a migration that failed after earlier ones of the same call committed:
+    translated, and saying that those are in the file now (a "nothing was written" would be
+    false, and the release upgraded from refuses the file from then on)."""
+    (busy_ms,) = conn.execute("PRAGMA busy_timeout").fetchone()
+    error = translate(exc, database=database, busy_timeout=busy_ms / 1000)
+    if not isinstance(error, ControlError):
+        return exc
+    names = ", ".join(f"{m.version} ({m.description})" for m in known if m.version in applied)
+    message = str(error).replace(
+        "nothing of this call was written", "nothing of this migration was written"
+    )
+    error.args = (
+        f"{message}; the migrations before it, {names}, were applied and committed: "
+        f"{database} is at migration {applied[-1]} now, which the release upgraded from "
+        "refuses; the next connect (or control-store migrate) applies the rest",
+    )
+    return error
 
 
 @dataclass(frozen=True, slots=True)
@@ -2324,7 +2352,7 @@ def _records(
             state = "failed"
         elif len(row.checksum) != len(mine.checksum):
             state = "unreadable"  # no SHA-384: the cell was edited (see _migrate.pending)
-        elif row.checksum != mine.checksum:
+        elif not _migrate.same_migration(mine, row.checksum):
             state = "changed"
         else:
             state = "applied"

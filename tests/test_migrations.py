@@ -673,3 +673,84 @@ def test_a_migration_file_that_is_not_utf8_is_a_migration_error(tmp_path: Path) 
     (tmp_path / "0001_init.sql").write_bytes(b"\xff CREATE TABLE x (a);")
     with pytest.raises(MigrationError, match=r"0001_init\.sql is not UTF-8.*reinstall"):
         _migrate.load_migrations("sqlite", tmp_path)
+
+
+# 0003_runs_created as first shipped (b42f6ba), before it became CREATE INDEX IF NOT EXISTS.
+_FIRST_0003 = """\
+-- 0003_runs_created: the newest runs of any status, in one index scan. list_runs() without a
+-- status (and `control-store runs`) orders every run by created_at: without this index SQLite
+-- reads and sorts the whole table for each call (about 1 s at a million runs, holding the
+-- store's one connection meanwhile). The index carries the rowid that breaks created_at ties,
+-- so "ORDER BY created_at DESC, rowid DESC" walks it backwards. A claim or a record never
+-- changes created_at, so only insert_run pays for it.
+
+CREATE INDEX idx_runs_created ON runs (created_at);
+"""
+
+
+async def test_a_database_migrated_by_0003_as_first_shipped_is_not_refused(
+    db_path: Path,
+) -> None:
+    """A release shipped 0003 without IF NOT EXISTS (same schema): the files it migrated hold
+    that file's checksum, and must open (and list as applied), not be called edited."""
+    async with Store.connect(db_path) as store:
+        await store.insert_run(make_run())
+    with raw_db(db_path) as conn:
+        conn.execute(
+            f"UPDATE {TRACKING} SET checksum = ? WHERE version = 3",
+            (checksum(_FIRST_0003.encode()),),
+        )
+    async with Store.connect(db_path) as store:
+        assert len(await store.list_runs()) == 1
+        assert [m.installed_on is not None for m in await store.migration_status()] == [True] * 3
+        assert await store.check() == []
+    async with Store.connect(db_path, read_only=True) as store:
+        assert len(await store.list_runs()) == 1
+
+
+# Every shipped migration's checksum, as the databases it migrated record it: editing a
+# shipped file (even a comment) makes every such database refuse to open, so this pin must
+# fail first. A new migration adds its line; an existing line never changes.
+_SHIPPED_CHECKSUMS = {
+    1: "e2f4e4cd3ef162c86c09890e59432bb56c8a9b93516cc22565184087a580f665"
+    "ab883b044c26c1b1d53da8415c874314",
+    2: "4d2bf2c7f3df654b734a33182106891596fa39e2e340a0441a10c79a3d61ade2"
+    "912cf82f11725e528b1aa2e6b0942238",
+    3: "a9d6fa05553ad5b4428cfa3d5b5c6f73483f1a3366d9381798b20303271da3a0"
+    "7be5c0fbd5e36616102470f9853d7c28",
+}
+
+
+def test_shipped_migration_files_are_never_edited() -> None:
+    shipped = {m.version: m.checksum.hex() for m in load_migrations("sqlite")}
+    assert {v: shipped[v] for v in _SHIPPED_CHECKSUMS} == _SHIPPED_CHECKSUMS
+
+
+async def test_a_migration_failing_after_others_committed_says_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upgrade cut short by a full disk after earlier migrations of the same connect
+    committed leaves the file at the last of those: its error must say so, not that nothing
+    was written (the release upgraded from refuses the file from then on)."""
+    path = tmp_path / "v1.db"
+    original = _migrate.load_migrations
+    monkeypatch.setattr(_migrate, "load_migrations", lambda b, d=None: original(b, d)[:1])
+    async with Store.connect(path):
+        pass
+    sql = (
+        "PRAGMA max_page_count = 1;\n"  # never below the file's size: the file cannot grow
+        "CREATE TABLE filler AS WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 "
+        "FROM n WHERE i < 100000) SELECT randomblob(100) AS b FROM n;\n"
+    )
+    grow = _migrate.Migration(
+        NEXT_VERSION, "grow", sql, checksum(sql.encode()), Path(f"{NEXT_VERSION:04d}_grow.sql")
+    )
+    monkeypatch.setattr(_migrate, "load_migrations", lambda b, d=None: [*original(b, d), grow])
+    with pytest.raises(StorageError) as info:
+        await Store.connect(path)
+    assert info.value.retryable
+    message = str(info.value)
+    assert "nothing of this call was written" not in message
+    shipped = ", ".join(f"{v} ({d})" for v, d in SHIPPED[1:])
+    assert f"the migrations before it, {shipped}, were applied and committed" in message
+    assert [row[0] for row in tracking_rows(path)] == [v for v, _ in SHIPPED]
