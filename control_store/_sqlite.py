@@ -396,12 +396,19 @@ def _percent_decoded(url: str, path: str, fixes: UrlFixes) -> str:
     # URL is named with them. Opening the decoded name would create a new, empty database
     # beside it, and every run in the old one would seem gone.
     if not os.path.lexists(decoded) and os.path.isfile(path):
+        plain = f"pass {path!r} itself as a plain path"
+        # A rename into a directory that is not there (an escaped '/': a%2Fb.db) fails.
+        if os.path.isdir(os.path.dirname(decoded) or "."):
+            fix = (
+                f"rename {path!r} to {decoded!r} (with every process stopped, its -wal and "
+                f"-shm files too), or {plain}"
+            )
+        else:
+            fix = f"{plain} (its decoded name is in a directory that does not exist)"
         raise ConfigurationError(
             f"URL {redact(url)!r} names {decoded!r}, since a sqlite URL's %XX escapes are "
             f"decoded (as sqlx reads it), and no such file exists, but {path!r} does, made by "
-            "a release of control_store that kept the escapes; nothing was opened: rename "
-            f"{path!r} to {decoded!r} (with every process stopped, its -wal and -shm files "
-            f"too), or pass {path!r} itself as a plain path"
+            f"a release of control_store that kept the escapes; nothing was opened: {fix}"
         )
     return decoded
 

@@ -837,6 +837,13 @@ async def test_a_file_an_older_release_made_under_an_escaped_url_is_not_replaced
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     async with Store.connect(Path("old%20runs.db")) as store:
         assert await store.list_runs() == [run]
+    # An escaped '/' names a directory that is not there: no rename into it is offered.
+    async with Store.connect(Path("a%2Fb.db")):
+        pass
+    with pytest.raises(ConfigurationError) as caught:
+        await Store.connect("sqlite://a%2Fb.db")
+    assert "rename" not in str(caught.value)
+    assert "pass 'a%2Fb.db' itself as a plain path" in str(caught.value)
     # A directory (or a dangling link) under the escaped name is no database an older release
     # made: the URL names the decoded file, as for any other.
     (tmp_path / "dir%20x.db").mkdir()
