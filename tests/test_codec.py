@@ -571,3 +571,47 @@ def test_batch_decoders_take_the_fast_path_for_sound_rows() -> None:
         assert [j.outcome is None for j in _codec.decode_jobs(jobs)] == [True, False] * (
             _codec._BATCH // 2
         )
+
+
+@pytest.mark.parametrize(
+    ("good", "batch", "one", "columns"),
+    [
+        (_GOOD_RUN, _codec.decode_runs, _codec.decode_run, "_runs_of_columns"),
+        (
+            (7, *_GOOD_RUN[:5], *_GOOD_RUN[6:]),
+            _codec.decode_claimed,
+            lambda row: _codec.decode_run((*row[1:6], "running", *row[6:])),
+            "_runs_of_columns",
+        ),
+        (_DONE_JOB, _codec.decode_jobs, _codec.decode_job, "_jobs_of_columns"),
+        (
+            (7, *_DONE_JOB),
+            _codec.decode_keyed_jobs,
+            lambda row: _codec.decode_job(row[1:]),
+            "_jobs_of_columns",
+        ),
+    ],
+    ids=["runs", "claimed", "jobs", "keyed jobs"],
+)
+def test_a_big_batch_is_decoded_a_chunk_at_a_time(
+    good: tuple[object, ...], batch: Any, one: Any, columns: str
+) -> None:
+    """A column-wide decode is C calls that hold the GIL throughout: a list_jobs of a million
+    jobs decoded whole froze the event loop for 1.3 s. No column decode takes more than
+    _DECODE_CHUNK rows, and the result (a CorruptRowError in a later chunk too) is the same."""
+    sizes: list[int] = []
+    whole = getattr(_codec, columns)
+
+    def spy(*args: Any) -> Any:
+        sizes.append(len(args[0][0] if len(args) == 1 else args[0]))
+        return whole(*args)
+
+    rows = [good] * (2 * _codec._DECODE_CHUNK + 3)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_codec, columns, spy)
+        assert _batch(batch, rows) == _each(one, rows)
+        assert sizes
+        assert max(sizes) <= _codec._DECODE_CHUNK, sizes
+        bad = list(rows)
+        bad[-2] = tuple(None if i == len(good) - 3 else v for i, v in enumerate(good))
+        assert _batch(batch, bad) == _each(one, bad)
