@@ -697,7 +697,12 @@ class Store:
         backend = self._open()
         if backend.unmigrated is not None:
             await backend.refuse_unmigrated()
-        return await backend.read(_sqlite.op_check)
+        op, abandon = _sqlite.abandonable(_sqlite.op_check)
+        try:
+            return await backend.read(op)
+        except asyncio.CancelledError:
+            abandon()  # its caller is gone: free the store's thread for the calls after it
+            raise
 
     async def migrate(self) -> list[int]:
         """Apply pending migrations, in order; return the versions applied ([]: none pending).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sqlite3
 from collections.abc import Callable
@@ -1648,3 +1649,38 @@ async def test_a_column_rebuilt_with_no_type_is_told_without_a_gap(db_path: Path
     assert messages[0].startswith(
         "column jobs.spec is NOT NULL (no type), not TEXT NOT NULL as this release made it"
     ), messages
+
+
+async def test_a_cancelled_check_frees_the_store_at_once(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check() whose caller gave up (a wait_for that timed out) stops, rather than running to
+    its end on the store's one thread (13 s at a million jobs) while the store's next calls,
+    close() too, wait for it; the store then reads and writes as before."""
+
+    def slow_check(conn: sqlite3.Connection) -> list[object]:
+        # As long as a check of a big store (seconds), inside its read snapshot.
+        conn.execute("BEGIN")
+        conn.execute(
+            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 400000000) "
+            "SELECT count(*) FROM c"
+        ).fetchone()
+        conn.execute("COMMIT")
+        return []
+
+    async with Store.connect(db_path) as store:
+        run = make_run(1)
+        await store.insert_run(run)
+        monkeypatch.setattr(_sqlite, "op_check", slow_check)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(store.check(), timeout=0.2)
+        try:
+            assert await asyncio.wait_for(store.get_run(run.id), timeout=3) == run
+        except TimeoutError:
+            store._connected().interrupt()  # free the thread, so that the test can end
+            raise
+        monkeypatch.undo()
+        assert await store.check() == []
+        claimed = await store.claim_next_run()
+        assert claimed is not None
+        assert claimed.id == run.id
