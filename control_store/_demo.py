@@ -719,7 +719,7 @@ async def verify(
         "every run done with done_count == job count",
         not unfinished,
         "; ".join(unfinished[:3])
-        or f"{len(runs)}/{counted(len(runs), 'run')} done, "
+        or f"{len(runs):,}/{counted(len(runs), 'run')} done, "
         f"{counted(config.jobs_per_run, 'job')} each",
     )
 

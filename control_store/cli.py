@@ -1473,7 +1473,7 @@ class _Progress:
         return (
             f"{self._out.bar(snap.recorded, self._jobs, 20)} "
             f"{snap.recorded:>{width},}/{self._jobs:,} jobs recorded  "
-            f"runs done {snap.runs_done}/{self._runs}  "
+            f"runs done {snap.runs_done:,}/{self._runs:,}  "
             f"duplicates absorbed {snap.absorbed:,}  {rate:,.0f} jobs/s"
         )
 

@@ -1715,6 +1715,16 @@ def test_progress_rewrites_one_line_on_a_terminal() -> None:
     assert text.endswith(" 7/10 jobs recorded  runs done 0/2  duplicates absorbed 1  35 jobs/s\n")
 
 
+def test_progress_counts_runs_as_it_counts_jobs() -> None:
+    """The progress line writes run counts with the separators of its job counts."""
+    stream = io.StringIO()
+    term = cli.Terminal(stream, tty=False, unicode=True, color=False, width=200)
+    progress = cli._Progress(term, jobs=16_000, runs=8_000, enabled=True)
+    progress.update(demo.Snapshot(1_235, 1_234, 1, 0, 1_001, 1.0))
+    progress.finish()
+    assert " 1,234/16,000 jobs recorded  runs done 1,001/8,000  " in stream.getvalue()
+
+
 def test_progress_fits_a_terminal_narrower_than_the_tables_floor() -> None:
     """Tables are laid out to at least 60 columns; the progress line, rewritten in place, is
     cut to the terminal's own width: a line that wrapped left a row behind at every update."""
