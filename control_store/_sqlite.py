@@ -1194,9 +1194,7 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
             )
         elif name.startswith("SQLITE_CORRUPT"):
             error = StorageError(
-                f"{database} is corrupt [{detail}]; stop writing to it and restore it from a "
-                "backup; without one, the sqlite3 shell's .recover command copies what is "
-                "still readable into a new database"
+                f"{database} is corrupt [{detail}]; stop writing to it and {_RESTORE}"
             )
         elif name.startswith("SQLITE_CANTOPEN") and _out_of_descriptors():
             # SQLite says only "unable to open database file" of a process at its limit of
@@ -1846,7 +1844,30 @@ def _opened_read_only(exc: sqlite3.Error, *, path: str, database: str) -> Contro
     not write (a -wal and -shm a read-only store left, with the database's mode or another
     user's), or a header whose write version is past 2 (a newer SQLite's file format, opened
     read-only however writable). None for any other failure."""
-    if getattr(exc, "sqlite_errorname", "") != "SQLITE_READONLY":
+    name = getattr(exc, "sqlite_errorname", "")
+    if name in ("SQLITE_READONLY", "SQLITE_CANTOPEN") and _on_read_only_mount(
+        os.path.realpath(path)
+    ):
+        # access() refuses root too there, and SQLite says "unable to open database file"
+        # where it cannot make the -wal and -shm: no permission, disk or file is at fault.
+        target = os.path.realpath(path)
+        readable = not _in_wal_mode(path) or all(
+            os.path.exists(target + suffix) for suffix in ("-wal", "-shm")
+        )
+        error = StorageError(
+            f"{database} cannot be opened for writing [{exc} ({name})]: it is on a file system "
+            "mounted read-only; nothing was written: remount it read-write, or copy the "
+            "database to a writable file system, then retry"
+            + (
+                " (or read it where it is with read_only=True, as the control-store read "
+                "commands do)"
+                if readable
+                else ""
+            )
+        )
+        error.retryable = True
+        return error
+    if name != "SQLITE_READONLY":
         return None
     header = _header(path)
     if len(header) < 20 or header[18] <= 2:
@@ -2915,8 +2936,11 @@ _INDEX_ENTRIES: Final = re.compile(r"(?:missing from|wrong # of entries in) inde
 _NOT_UNIQUE: Final = re.compile(r"non-unique entry in UNIQUE index (\S+)$")
 _BAD_VALUE: Final = re.compile(r"^NULL value in (\w+)\.(\w+)$")
 _RESTORE: Final = (
-    "restore the file from a backup; without one, the sqlite3 shell's .recover command copies "
-    "what is still readable into a new database"
+    "restore the file from a backup (with every process on it stopped, delete its -wal and -shm "
+    "files before copying the backup in: SQLite applies a -wal it finds beside the path, as a "
+    "killed process leaves one, to whatever file is there, and a sound backup then reads as "
+    "damaged too); without one, the sqlite3 shell's .recover command copies what is still "
+    "readable into a new database"
 )
 
 
@@ -4283,6 +4307,10 @@ class SqliteBackend:
                 except asyncio.CancelledError:
                     cancelled = True
             if not cancelled:
+                # Queued ahead of the close, on the same thread: no await, so a shutdown's
+                # cancellation cannot come between the two.
+                if self._conn._running and not self.read_only:
+                    self._conn._tx.put_nowait((None, self._worker.empty_wal_if_moved))
                 await close_on_worker(self._conn)
         finally:
             if self._conn._running:  # cancelled (a shutdown), or closed unfinished
@@ -5042,6 +5070,31 @@ class _Worker:
                     "closed the file itself (a copy with shutil.copy, say: copy a live "
                     "database with sqlite3's backup API instead)"
                 )
+
+    def empty_wal_if_moved(self) -> None:
+        """At close, on the thread: if the path names another file than the one this store
+        opened (a backup moved over it) while the -wal beside it is still the one this store
+        writes, copy that -wal into the file this store opened and empty it.
+
+        SQLite's own close skips its checkpoint when the database file has moved, and so leaves
+        the -wal beside the path, holding the old file's pages; the next connection there
+        applies them to whatever file the path names now: a backup restored over the file
+        was turned into a malformed one by a store closed as the fault's message said
+        (measured). A TRUNCATE checkpoint empties the -wal only once every frame is in the
+        old file (another connection still reading leaves it whole, for the last to close).
+        """
+        if self.path is None or self.wal_base is None:
+            return
+        now = _identity_if_there(self.path)
+        if now is None or now == self.identity:
+            # The usual close (SQLite checkpoints and removes the files itself), or a file gone:
+            # its -wal then keeps a connect to the path refused until the file is put back.
+            return
+        known = self.wal_files[0]
+        if known is None or _identity_if_there(self.wal_base + "-wal") != known:
+            return  # not our log beside the path: nothing of ours to keep off the new file
+        with self.lock, contextlib.suppress(Exception):
+            self.raw.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def run_op(self, op: Op[T], undo: Callable[[], None]) -> T:
         """``op(conn)``; if it has to be run again with the lenient text factory (see _claim),

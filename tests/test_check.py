@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
@@ -1684,3 +1687,47 @@ async def test_a_cancelled_check_frees_the_store_at_once(
         claimed = await store.claim_next_run()
         assert claimed is not None
         assert claimed.id == run.id
+
+
+_KILLED_WRITER: Final = """
+import os, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+for n in range(3000):  # past checkpoints: the file moves on from the backup
+    conn.execute(
+        "INSERT INTO runs (id, manifest, models, epochs, job_count, created_at)"
+        " VALUES (?, 'm', '[]', 1, 1, '2026-01-01T00:00:00.000000Z')", (f"x{n}",))
+conn.execute("PRAGMA wal_autocheckpoint = 0")  # the last writes stay in the -wal
+conn.execute("UPDATE runs SET manifest = manifest || ?", ("x" * 500,))
+os._exit(0)  # killed: no close, so the -wal stays beside the file
+"""
+
+
+async def test_restoring_a_backup_as_damage_findings_say_leaves_a_sound_file(
+    db_path: Path,
+) -> None:
+    """A writer killed with its last commits in the -wal, then a sound backup copied over the
+    file: SQLite applies that -wal to the backup, which check() then reports damaged, so the
+    repair "restore the file from a backup" must say to delete the -wal and -shm first (with
+    every process stopped); followed so, the restored file is the backup, and sound."""
+    kept = []
+    async with Store.connect(db_path) as store:
+        for _ in range(20):
+            run = make_run(job_count=20)
+            await store.insert_run(run, jobs=make_jobs(run))
+            kept.append(run.id)
+    backup = db_path.with_name("backup.db")
+    shutil.copyfile(db_path, backup)  # every store closed: a file copy is a backup
+    await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", _KILLED_WRITER, str(db_path)], check=True
+    )
+    assert Path(f"{db_path}-wal").stat().st_size > 0
+    repair = _sqlite.integrity_repair(
+        "*** in database main ***\nPage 7: btreeInitPage() returns error code 11"
+    )
+    assert "delete its -wal and -shm files before copying the backup in" in repair, repair
+    for suffix in ("-wal", "-shm"):
+        Path(f"{db_path}{suffix}").unlink(missing_ok=True)
+    shutil.copyfile(backup, db_path)
+    assert await _check(db_path) == []
+    async with Store.connect(db_path) as store:
+        assert sorted(run.id for run in await store.list_runs()) == sorted(kept)

@@ -335,6 +335,45 @@ async def test_a_new_file_on_a_read_only_mount_is_named_as_that(
     assert list(tmp_path.iterdir()) == []
 
 
+async def test_an_existing_file_on_a_read_only_mount_is_named_as_that(tmp_path: Path) -> None:
+    """A database on a file system mounted read-only (a bind mount remounted so), with and
+    without the -wal and -shm a running store keeps: the refusal says the mount is read-only,
+    not that this user may not write the files (root may) nor that the disk may be full."""
+    mount_command = shutil.which("mount")
+    umount_command = shutil.which("umount")
+    if mount_command is None or umount_command is None:
+        pytest.skip("no mount command here")
+    source = tmp_path / "source"
+    source.mkdir()
+    async with Store.connect(source / "control.db") as store:
+        await store.insert_run(make_run())
+    mount = tmp_path / "ro"
+    mount.mkdir()
+
+    def run(*args: str) -> bool:
+        return subprocess.run(args, capture_output=True, check=False).returncode == 0
+
+    if not await asyncio.to_thread(run, mount_command, "--bind", str(source), str(mount)):
+        pytest.skip("no bind mount here (it needs root)")
+    try:
+        if not await asyncio.to_thread(run, mount_command, "-o", "remount,bind,ro", str(mount)):
+            pytest.skip("no read-only remount here")
+        async with Store.connect(source / "control.db") as running:  # its -wal and -shm
+            await running.insert_run(make_run())
+            for _ in range(2):
+                with pytest.raises(StorageError) as caught:
+                    await Store.connect(mount / "control.db")
+                assert caught.value.retryable
+                message = str(caught.value)
+                assert "is on a file system mounted read-only" in message, message
+                assert "remount it read-write" in message
+                assert "may not write" not in message
+                assert "free space" not in message
+                await running.close()  # then without them
+    finally:
+        await asyncio.to_thread(run, umount_command, str(mount))
+
+
 async def test_a_read_only_wal_and_shm_are_named_at_connect(
     db_path: Path, spawn: Callable[..., Worker]
 ) -> None:
@@ -506,6 +545,41 @@ async def test_a_deleted_or_replaced_file_refuses_writes_until_restored(db_path:
         assert raw.execute("SELECT count(*) FROM runs").fetchone() == (2,)
     finally:
         raw.close()
+    await assert_sound(db_path)
+
+
+async def test_a_backup_moved_over_a_running_stores_file_is_sound_once_that_store_closes(
+    db_path: Path,
+) -> None:
+    """A backup moved over the file under a running store, then that store closed, as its
+    StorageError says, before connecting again: the path opens the backup, sound and as it was.
+    SQLite's close leaves the -wal of a moved file beside the path (it skips its checkpoint),
+    and the next connection applied that log to the backup: a malformed file."""
+    backup = db_path.with_name("backup.db")
+    async with Store.connect(db_path) as store:
+        kept = [make_run() for _ in range(5)]
+        for run in kept:
+            await store.insert_run(run, jobs=make_jobs(run))
+    source = sqlite3.connect(db_path)
+    target = sqlite3.connect(backup)
+    try:
+        source.backup(target)
+    finally:
+        target.close()
+        source.close()
+    store = await Store.connect(db_path)
+    try:
+        # Past a checkpoint (the file moves on from the backup), then more in the -wal.
+        for _ in range(60):
+            run = make_run(job_count=200)
+            await store.insert_run(run, jobs=make_jobs(run))
+        os.replace(backup, db_path)
+        with pytest.raises(StorageError, match="before connecting again"):
+            await store.insert_run(make_run())
+    finally:
+        await store.close()
+    async with Store.connect(db_path) as store:
+        assert sorted(run.id for run in await store.list_runs()) == sorted(r.id for r in kept)
     await assert_sound(db_path)
 
 
