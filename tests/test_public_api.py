@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import inspect
 import pickle
+import re
 import subprocess
 import sys
 import uuid
@@ -120,3 +121,34 @@ def test_a_run_is_unhashable_and_the_other_models_hash() -> None:
     job = control_store.Job(run.id, control_store.EvalJob("a", "s", 0), outcome=outcome)
     for model in (job, job.spec, outcome):
         assert hash(model) == hash(copy.deepcopy(model))
+
+
+def _drawn_parents(tree: str) -> dict[str, str]:
+    """Each error's parent as a tree of ``├──``/``└──`` lines draws it (by indentation)."""
+    parents: dict[str, str] = {}
+    path = ["ControlError"]
+    for line in tree.splitlines():
+        drawn = re.match(r"^\s*((?:[│ ]   )*)[├└]── (\w+)", line)
+        if drawn is None:
+            continue
+        depth = len(drawn[1]) // 4 + 1
+        path = [*path[:depth], drawn[2]]
+        parents[drawn[2]] = path[depth - 1]
+    return parents
+
+
+@pytest.mark.parametrize("where", ["errors.py", "README.md"])
+def test_the_error_tree_draws_each_errors_own_parent(where: str) -> None:
+    """The tree in errors.py's docstring and in the README draws each error under the class it
+    derives from: ``except ConstraintError`` catching AlreadyExistsError and MissingRunError,
+    ``except MigrationError`` the four migration errors, is what a caller reads there. A test
+    that only found each name in the text passed with any error drawn under any other."""
+    readme = Path(__file__).resolve().parent.parent / "README.md"
+    tree = (errors.__doc__ or "") if where == "errors.py" else readme.read_text(encoding="utf-8")
+    parents = _drawn_parents(tree)
+    for name in errors.__all__:
+        if name == "ControlError":
+            continue
+        cls = getattr(errors, name)
+        (base,) = [b for b in cls.__bases__ if issubclass(b, errors.ControlError)]
+        assert parents.get(name) == base.__name__, (where, name)
