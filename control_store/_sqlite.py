@@ -4479,10 +4479,17 @@ class SqliteBackend:
             )
 
     def _hop_read(self, op: Op[T]) -> asyncio.Future[T]:
+        # A ticket, as a write's: a caller cancelled while its read still waits for the thread
+        # (behind a write, a check(), a page of another walk) withdraws it, through its
+        # future's cancellation, and it never runs; without one, every read that timed out
+        # while queued still ran, one after another, and held up every later call.
+        ticket: _Ticket = [op]
         try:
-            return on_thread(self._conn, partial(self._worker.run_read, op))
+            future = on_thread(self._conn, partial(self._worker.run_read_ticket, ticket))
         except Exception as exc:  # the connection is closed
             self._worker.raise_(exc)
+        future.add_done_callback(partial(_withdraw_if_cancelled, ticket))
+        return future
 
     async def _read_inline(self, op: Op[T]) -> T:
         if not self._inline_ok():
@@ -4807,6 +4814,13 @@ def _withdraw(ticket: _Ticket) -> bool:
     return _take(ticket) is not None
 
 
+def _withdraw_if_cancelled(ticket: _Ticket, future: asyncio.Future[Any]) -> None:
+    """A read's future's done callback: its caller was cancelled, so withdraw the read if the
+    worker has not started it (see SqliteBackend._hop_read)."""
+    if future.cancelled():
+        _take(ticket)
+
+
 async def _wait_out(awaitable: Awaitable[T]) -> T:
     """Await ``awaitable`` to its end through any number of cancellations of the caller, which
     is already being cancelled and re-raises that afterwards (see SqliteBackend.write)."""
@@ -4869,6 +4883,11 @@ class _Worker:
     def run_read(self, op: Op[T]) -> T:
         with self.lock:
             return self.run_read_locked(op)
+
+    def run_read_ticket(self, ticket: _Ticket) -> Any:
+        """run_read of the ticket's op, unless its caller withdrew it (nobody awaits it then)."""
+        op = _take(ticket)
+        return None if op is None else self.run_read(op)
 
     def run_read_locked(self, op: Op[T]) -> T:
         try:

@@ -832,3 +832,29 @@ def test_a_close_cut_short_by_its_loop_ending_leaves_no_traceback_on_the_worker(
     assert not on.worker.is_alive()
     assert failures == []
     assert held_by_no_connection(db_path)  # the connection was closed
+
+
+async def test_a_read_cancelled_while_queued_never_runs(db_path: Path) -> None:
+    """A read cancelled while it waits behind another call of its store is withdrawn, as a
+    write is (README, "Cancellation is safe"): it ran all the same, so reads that timed out
+    while queued (a wait_for around list_jobs, check()) each still ran after their callers had
+    gone, and every later call of the store waited for all of them."""
+    async with Store.connect(db_path) as store:
+        run = make_run(job_count=3)
+        await store.insert_run(run, jobs=make_jobs(run))
+        backend = store._backend
+        assert backend is not None
+        async with traced(store) as statements:
+            async with _thread_held(backend):
+                reads = [
+                    asyncio.ensure_future(call)
+                    for call in (store.list_jobs(run.id), store.get_run(run.id), store.check())
+                ]
+                await asyncio.sleep(0)
+                for read in reads:
+                    read.cancel()
+                for read in reads:
+                    with pytest.raises(asyncio.CancelledError):
+                        await read
+            assert await store.get_job(run.id) is None  # the store carries on
+        assert [sql for sql in statements if "FROM jobs WHERE id" not in sql] == [], statements
