@@ -4923,7 +4923,13 @@ class _Worker:
                 self.roll_back()
                 return (False, self.translate(exc))
             conn.execute("COMMIT")
-        except Exception as exc:
+        except BaseException as exc:
+            # KeyboardInterrupt too: an inline call (in memory) runs on the event loop's thread,
+            # where a Ctrl-C lands between any two bytecodes, just before COMMIT or just after
+            # BEGIN, say (the asyncio REPL and notebooks carry on after it). Not rolled back,
+            # the transaction stayed open: reads saw a write its caller was told had failed,
+            # and the next caller's BEGIN failed with "cannot start a transaction within a
+            # transaction".
             self.roll_back()
             return (False, self.translate(exc))
         return (True, result)

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -110,6 +111,47 @@ def held_by_no_connection(path: Path) -> bool:
     finally:
         conn.close()
     return mode == ("delete",)
+
+
+class FailingStatements:
+    """A store's sqlite3 connection (put in place of ``_worker.raw``), its next statements
+    starting with given words raising given errors: those in ``after`` once they ran (their
+    rows written into the open transaction: a failing disk's error at the statement's end),
+    those in ``before`` without running (a ROLLBACK that fails; a Ctrl-C before a COMMIT).
+    Each error is raised once."""
+
+    def __init__(
+        self,
+        raw: sqlite3.Connection,
+        *,
+        after: dict[str, BaseException] | None = None,
+        before: dict[str, BaseException] | None = None,
+    ) -> None:
+        self._raw = raw
+        self._after = dict(after or {})
+        self._before = dict(before or {})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+    @staticmethod
+    def _fail(sql: str, fails: dict[str, BaseException]) -> None:
+        for words, error in list(fails.items()):
+            if sql.lstrip().startswith(words):
+                del fails[words]
+                raise error
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        self._fail(sql, self._before)
+        cursor = self._raw.execute(sql, params)
+        self._fail(sql, self._after)
+        return cursor
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        self._fail(sql, self._before)
+        cursor = self._raw.executemany(sql, rows)
+        self._fail(sql, self._after)
+        return cursor
 
 
 @dataclasses.dataclass

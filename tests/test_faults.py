@@ -41,7 +41,15 @@ from control_store import (
     _sqlite,
 )
 
-from conftest import CALL_TIMEOUT, Worker, assert_sound, group_in_flight, make_jobs, make_run
+from conftest import (
+    CALL_TIMEOUT,
+    FailingStatements,
+    Worker,
+    assert_sound,
+    group_in_flight,
+    make_jobs,
+    make_run,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -86,45 +94,6 @@ async def test_a_full_database_refuses_the_write_keeps_the_rest_and_accepts_the_
     assert await store.check() == []
 
 
-class _Failing:
-    """The store's sqlite3 connection, its next statements starting with given words failing
-    as a failing disk's do: those in ``after`` once they ran (their rows written into the open
-    transaction), those in ``before`` without running."""
-
-    def __init__(
-        self,
-        raw: sqlite3.Connection,
-        *,
-        after: dict[str, sqlite3.Error],
-        before: dict[str, sqlite3.Error],
-    ) -> None:
-        self._raw = raw
-        self._after = after
-        self._before = before
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._raw, name)
-
-    @staticmethod
-    def _fail(sql: str, fails: dict[str, sqlite3.Error]) -> None:
-        for words, error in list(fails.items()):
-            if sql.lstrip().startswith(words):
-                del fails[words]
-                raise error
-
-    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
-        self._fail(sql, self._before)
-        cursor = self._raw.execute(sql, params)
-        self._fail(sql, self._after)
-        return cursor
-
-    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
-        self._fail(sql, self._before)
-        cursor = self._raw.executemany(sql, rows)
-        self._fail(sql, self._after)
-        return cursor
-
-
 def _sqlite_error(message: str, name: str, code: int) -> sqlite3.OperationalError:
     error = sqlite3.OperationalError(message)
     error.sqlite_errorname, error.sqlite_errorcode = name, code
@@ -143,7 +112,7 @@ async def test_a_rollback_that_fails_leaves_no_transaction_for_the_next_call(
         jobs = make_jobs(run)
         await store.insert_run(run)
         worker = store._connected()._worker
-        worker.raw = _Failing(  # type: ignore[assignment]
+        worker.raw = FailingStatements(  # type: ignore[assignment]
             worker.raw,
             after={
                 "INSERT INTO jobs": _sqlite_error("database or disk is full", "SQLITE_FULL", 13)

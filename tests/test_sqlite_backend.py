@@ -25,7 +25,7 @@ from control_store import (
     _sqlite,
 )
 
-from conftest import make_jobs, make_run
+from conftest import FailingStatements, make_jobs, make_run
 
 WAIT = 10.0  # seconds; only a bound on a hang, never an expectation of speed
 
@@ -468,3 +468,31 @@ async def test_a_call_after_close_began_is_refused_cleanly() -> None:
     with pytest.raises(StoreClosedError):
         await backend.read(partial(_sqlite.op_get_run, str(make_run().id)), small=True)
     await closing
+
+
+@pytest.mark.parametrize(("statement", "after"), [("COMMIT", False), ("BEGIN IMMEDIATE", True)])
+async def test_an_inline_write_interrupted_around_its_transaction_leaves_none_open(
+    statement: str, after: bool
+) -> None:
+    """A KeyboardInterrupt on the loop's thread just after an inline write's BEGIN or just
+    before its COMMIT (the asyncio REPL, a notebook's interrupt) reaches the caller, and the
+    write is rolled back. The transaction stayed open: reads saw the run its caller was told
+    had failed, and the next caller's write failed with "cannot start a transaction within a
+    transaction", rolling the first one back then."""
+    async with Store.in_memory() as store:
+        worker = backend_of(store)._worker
+        raw = worker.raw
+        interrupted, later = make_run(), make_run()
+        interrupt: dict[str, BaseException] = {statement: KeyboardInterrupt()}
+        worker.raw = FailingStatements(  # type: ignore[assignment]
+            raw, after=interrupt if after else None, before=None if after else interrupt
+        )
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                await store.insert_run(interrupted)
+        finally:
+            worker.raw = raw
+        assert not raw.in_transaction
+        assert await store.get_run(interrupted.id) is None
+        await store.insert_run(later)
+        assert [run.id for run in await store.list_runs()] == [later.id]
