@@ -35,6 +35,13 @@ __all__ = ["MigrationState", "Store"]
 MigrationState = _sqlite.MigrationState
 
 
+# The records that hold another's id, by the field that holds it: (record, id of what).
+_HOLDING: dict[tuple[type, str], str] = {
+    (Job, "run"): "job.run_id",
+    (JobOutcome, "job"): "outcome.job_id",
+}
+
+
 def _id(value: object, *, what: str) -> str:
     """An id argument (``run_id`` or ``job_id``)'s canonical text; refused, with the fix, if it
     is no uuid.UUID."""
@@ -44,8 +51,11 @@ def _id(value: object, *, what: str) -> str:
         except _codec.UNSET_OR_UNREADABLE:  # a slot holding no 128-bit number: explained below
             pass
     owner = what.removesuffix("_id")
-    if is_a(value, Run) or is_a(value, Job):  # the record where its id was meant
-        otherwise = f"pass {owner}.id, not the {type(value).__name__} itself"
+    kind = type(value)
+    if (kind, owner) in _HOLDING:  # a record that holds the id meant
+        otherwise = f"pass {_HOLDING[kind, owner]}, not the {kind.__name__} itself"
+    elif is_a(value, Run) or is_a(value, Job):  # the record where its id was meant
+        otherwise = f"pass {owner}.id, not the {kind.__name__} itself"
     else:
         otherwise = f"pass the {owner}'s id (a uuid.UUID), e.g. {owner}.id"
     return _codec.check_uuid(value, what=what, otherwise=otherwise)

@@ -891,3 +891,31 @@ async def test_text_and_score_fixes_work_as_written(store: Store) -> None:
             await store.record_job_outcome(run.id, JobOutcome(job.id, score=score))  # type: ignore[arg-type]
         assert "pass float(...) of it" not in str(caught.value), caught.value
     assert await store.get_job(job.id) == job
+
+
+async def test_a_record_passed_for_an_id_is_told_which_of_its_fields_to_pass(
+    store: Store,
+) -> None:
+    """A Job where a run's id is meant is told job.run_id, a JobOutcome where a job's id is
+    meant outcome.job_id, a Run or Job where its own id is meant run.id or job.id: the call
+    made with what the message names succeeds."""
+    run = make_run(job_count=1)
+    [job] = make_jobs(run)
+    outcome = JobOutcome(job.id, score=1.0)
+    await store.insert_run(run, jobs=[job])
+    names = {"run": run, "job": job, "outcome": outcome}
+    calls: list[tuple[Callable[[Any], Awaitable[object]], object]] = [
+        (store.list_jobs, job),
+        (store.get_run, job),
+        (store.list_jobs, run),
+        (store.get_job, job),
+        (store.get_job, outcome),
+        (lambda run_id: store.record_job_outcome(run_id, outcome), job),
+    ]
+    for call, record in calls:
+        with pytest.raises(InvalidInputError) as caught:
+            await call(record)
+        told = re.search(r"pass (\w+\.\w+), not the", str(caught.value))
+        assert told is not None, caught.value
+        owner, field = told[1].split(".")
+        await call(getattr(names[owner], field))
