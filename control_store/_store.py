@@ -487,6 +487,8 @@ class Store:
         if backend.unmigrated is not None:
             await backend.refuse_unmigrated()
         _check_batch(jobs, what="jobs", item=Job, single="wrap a single job in a list")
+        if type(jobs) in _PLAIN_BATCHES and not jobs:  # nothing to write: no commit, no fsync
+            return
         await backend.write(_sqlite.insert_jobs_op(jobs))
 
     async def get_job(self, job_id: uuid.UUID) -> Job | None:

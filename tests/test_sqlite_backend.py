@@ -496,3 +496,18 @@ async def test_an_inline_write_interrupted_around_its_transaction_leaves_none_op
         assert await store.get_run(interrupted.id) is None
         await store.insert_run(later)
         assert [run.id for run in await store.list_runs()] == [later.id]
+
+
+async def test_an_empty_batch_runs_no_transaction(db_path: Path) -> None:
+    """insert_jobs of an empty list or tuple, like record_job_outcomes of one, writes nothing
+    and so runs no statement: no transaction, no commit, no fsync at FULL."""
+    async with Store.connect(db_path) as store:
+        run = make_run()
+        await store.insert_run(run)
+        statements = await count_commits(store)
+        await store.insert_jobs([])
+        await store.insert_jobs(())
+        assert await store.record_job_outcomes(run.id, []) == []
+        assert statements == []
+        await store.insert_jobs(iter([]))  # a generator is only known empty once it is read
+        assert commits(statements) == 1
