@@ -106,7 +106,8 @@ class ConfigurationError(ControlError):
 
 class InvalidInputError(ControlError, ValueError):
     """A value passed in cannot be stored faithfully, or an argument of a read is out of its
-    range (a ``limit`` or ``page_size`` below 1, a status that is none); nothing was written."""
+    range (a negative ``limit``, a ``page_size`` of 0, a status that is none); nothing was
+    written."""
 
 
 class NotFoundError(ControlError, LookupError):
