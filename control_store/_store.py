@@ -14,10 +14,11 @@ from collections.abc import (
     Generator,
     Iterable,
     Iterator,
+    Sized,
 )
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypedDict, TypeVar, Unpack, cast
 
 from . import _codec, _sqlite
 from ._show import is_a, shown, typed
@@ -582,6 +583,13 @@ class Store:
         if backend.unmigrated is not None:
             await backend.refuse_unmigrated()
         run_key = _id(run_id, what="run_id")
+        given: object = outcome
+        if type(given) in _PLAIN_BATCHES:
+            raise InvalidInputError(
+                f"record_job_outcome takes one JobOutcome, got a {type(given).__name__} of "
+                f"{len(cast(Sized, given))}; nothing was recorded: for several outcomes of one "
+                "run, call record_job_outcomes(run_id, outcomes)"
+            )
         job_key, payload = _codec.outcome_params(outcome)
         op = partial(_sqlite.op_record_outcome, run_key, job_key, payload)
         return await backend.write(op, small=True)

@@ -919,3 +919,19 @@ async def test_a_record_passed_for_an_id_is_told_which_of_its_fields_to_pass(
         assert told is not None, caught.value
         owner, field = told[1].split(".")
         await call(getattr(names[owner], field))
+
+
+async def test_a_list_given_to_record_job_outcome_is_pointed_to_the_batch_call(
+    store: Store,
+) -> None:
+    """record_job_outcome given a list (or a tuple) of outcomes says to call
+    record_job_outcomes, which the call then made as told records them."""
+    run = make_run(job_count=2)
+    jobs = make_jobs(run)
+    await store.insert_run(run, jobs=jobs)
+    outcomes = [JobOutcome(job.id, score=1.0) for job in jobs]
+    for batch in (outcomes, tuple(outcomes)):
+        with pytest.raises(InvalidInputError, match=r"got a \w+ of 2.*call record_job_outcomes"):
+            await store.record_job_outcome(run.id, batch)  # type: ignore[arg-type]
+    assert await store.get_run(run.id) == run
+    assert await store.record_job_outcomes(run.id, outcomes) == [True, True]
