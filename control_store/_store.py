@@ -489,6 +489,7 @@ class Store:
             await backend.refuse_unmigrated()
         _check_batch(jobs, what="jobs", item=Job, single="wrap a single job in a list")
         if type(jobs) in _PLAIN_BATCHES and not jobs:  # nothing to write: no commit, no fsync
+            backend.admit()  # refused as the call would be (another loop, a fork, closing)
             return
         await backend.write(_sqlite.insert_jobs_op(jobs))
 

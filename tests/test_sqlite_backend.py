@@ -22,6 +22,7 @@ from control_store import (
     Run,
     Store,
     StoreClosedError,
+    WrongEventLoopError,
     _sqlite,
 )
 
@@ -511,3 +512,23 @@ async def test_an_empty_batch_runs_no_transaction(db_path: Path) -> None:
         assert statements == []
         await store.insert_jobs(iter([]))  # a generator is only known empty once it is read
         assert commits(statements) == 1
+
+
+async def test_an_empty_batch_is_refused_from_another_event_loop(db_path: Path) -> None:
+    """insert_jobs of an empty list or tuple, answered without a hop, is still refused where
+    any call is (another event loop), as record_job_outcomes of an empty batch is."""
+    async with Store.connect(db_path) as store:
+        run = make_run()
+
+        async def from_another_loop() -> list[str]:
+            refused = []
+            empty: tuple[list[Job], tuple[Job, ...]] = ([], ())
+            for jobs in empty:
+                with pytest.raises(WrongEventLoopError):
+                    await store.insert_jobs(jobs)
+                refused.append(type(jobs).__name__)
+            with pytest.raises(WrongEventLoopError):
+                await store.record_job_outcomes(run.id, [])
+            return refused
+
+        assert await asyncio.to_thread(asyncio.run, from_another_loop()) == ["list", "tuple"]
