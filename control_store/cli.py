@@ -770,13 +770,15 @@ async def _print_runs(
     now = datetime.now(UTC)
     printed = False
     widths: list[int] | None = None  # the table's, once its first part is printed
+    digits = 0  # the widest job_count so far, so that later pages' counts line up too
 
     def emit(page: list[Run]) -> None:
-        nonlocal printed, widths
+        nonlocal printed, widths, digits
         if args.json:
             _json_page(out, page, first=not printed)
         else:
-            widths = _runs_table(out, page, now, after=widths)
+            digits = max(digits, *(len(str(run.job_count)) for run in page))
+            widths = _runs_table(out, page, now, after=widths, digits=digits)
         printed = True
 
     # One more than the limit is read, to say whether there are more without counting them.
@@ -822,12 +824,18 @@ def _no_runs(args: argparse.Namespace) -> str:
 
 
 def _runs_table(
-    out: Terminal, runs: Sequence[Run], now: datetime, *, after: list[int] | None = None
+    out: Terminal,
+    runs: Sequence[Run],
+    now: datetime,
+    *,
+    after: list[int] | None = None,
+    digits: int | None = None,
 ) -> list[int]:
-    """The table of ``runs`` (or its next part, ``after`` the widths of the part before);
-    returns the widths used."""
+    """The table of ``runs`` (or its next part, ``after`` the widths of the part before, its
+    counts padded to ``digits``, the widest job_count of the table); returns the widths used."""
     header = ["RUN ID", "STATUS", "PROGRESS", "AGE", "MANIFEST", "MODELS"]
-    digits = max(len(str(run.job_count)) for run in runs)
+    if digits is None:
+        digits = max(len(str(run.job_count)) for run in runs)
     rows = [
         [
             str(run.id),

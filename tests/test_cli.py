@@ -180,6 +180,29 @@ def test_runs_lines_up_the_progress_of_runs_of_different_sizes(
     assert len({row.index("%") for row in rows}) == 1, out
 
 
+def test_runs_lines_up_the_progress_across_pages(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table printed a page at a time keeps its counts in one column: a later page of
+    smaller runs is padded to the widest job_count printed before it."""
+    db = tmp_path / "pages.db"
+
+    async def fill() -> None:
+        async with Store.connect(db) as store:
+            await store.insert_run(make_run(job_count=1))  # the oldest: the last page
+            for _ in range(3):
+                await store.insert_run(make_run(job_count=100))
+
+    asyncio.run(fill())
+    monkeypatch.setattr(cli, "RUNS_PAGE_SIZE", 3)
+    code, out, err = run_cli(capsys, "runs", "--all", "--url", str(db))
+    assert (code, err) == (0, "")
+    rows = out.splitlines()[1:]
+    assert len(rows) == 4
+    assert len({row.index("/") for row in rows}) == 1, out
+    assert len({row.index("%") for row in rows}) == 1, out
+
+
 def test_runs_json_parses_back_to_the_stored_runs(
     capsys: pytest.CaptureFixture[str], populated: tuple[Path, Run, Run]
 ) -> None:
