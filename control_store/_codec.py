@@ -318,9 +318,13 @@ def _float_fix(value: object) -> str:
         # score refused too (Decimal('NaN'), Decimal('1E+400') gives inf).
         try:
             real = float(cast(Decimal | Fraction, value))
-        except (OverflowError, ValueError):
+        except ValueError:  # a signalling NaN
             real = math.nan
-        if not math.isfinite(real):
+        except OverflowError:
+            real = math.inf
+        if math.isnan(real):
+            return "give it a number: this one is NaN (or None for no score, with error=...)"
+        if math.isinf(real):
             return (
                 f"give it a finite number a float holds (none is beyond "
                 f"{sys.float_info.max:.3g}), or None for no score, with error=..."

@@ -869,6 +869,8 @@ async def test_a_scores_fix_works_as_written(store: Store, given: object) -> Non
     message = str(caught.value)
     if "pass float(...) of it" in message:
         assert math.isfinite(float(given))  # type: ignore[arg-type]
+    elif "NaN" in repr(given):
+        assert "this one is NaN" in message, message
     else:
         assert "give it a finite number" in message, message
     assert await store.get_job(job.id) == job
