@@ -2277,7 +2277,10 @@ def _after_applied(
     """The error of a migration that failed after earlier ones of the same call committed:
     translated, and saying that those are in the file now (a "nothing was written" would be
     false, and the release upgraded from refuses the file from then on)."""
-    (busy_ms,) = conn.execute("PRAGMA busy_timeout").fetchone()
+    try:
+        (busy_ms,) = conn.execute("PRAGMA busy_timeout").fetchone()
+    except sqlite3.Error:  # a connection broken by the failure: say what failed, all the same
+        busy_ms = 0
     error = translate(exc, database=database, busy_timeout=busy_ms / 1000)
     if not isinstance(error, ControlError):
         return exc
