@@ -1248,7 +1248,12 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
                     f"LIKE '%{name}%' lists them)"
                 )
         else:
-            error = ControlError(f"{database} failed: {detail}")
+            # An error no branch above expects: what SQLite said, and what a caller can do.
+            error = ControlError(
+                f"{database} failed: {detail}, an error this release does not expect: retry "
+                "the call, and if it fails so again, run check() (control-store check) and "
+                f"report this message with the SQLite version ({sqlite3.sqlite_version})"
+            )
     elif isinstance(exc, OverflowError):  # sqlite3 binding a text of over 2**31 - 1 bytes
         error = _too_big(str(exc))
     elif isinstance(exc, ValueError) and str(exc) in ("Connection closed", "no active connection"):

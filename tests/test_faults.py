@@ -1314,3 +1314,27 @@ async def test_stores_of_this_process_connecting_at_once_to_a_closed_wal_file_al
     for _ in range(5):
         stores = await asyncio.gather(*(Store.connect(path) for _ in range(4)))
         await asyncio.gather(*(store.close() for store in stores))
+
+
+async def test_an_error_sqlite_gives_that_no_branch_expects_still_says_what_to_do(
+    db_path: Path,
+) -> None:
+    """An SQLite error of a kind the store does not expect (here SQLITE_MISMATCH) is a
+    ControlError naming it that says what to do, not SQLite's words alone; the write is rolled
+    back, and the retry succeeds."""
+    async with Store.connect(db_path) as store:
+        run = make_run()
+        worker = store._connected()._worker
+        worker.raw = FailingStatements(  # type: ignore[assignment]
+            worker.raw,
+            before={"INSERT INTO runs": _sqlite_error("datatype mismatch", "SQLITE_MISMATCH", 20)},
+        )
+        with pytest.raises(ControlError) as caught:
+            await store.insert_run(run)
+        message = str(caught.value)
+        assert "datatype mismatch (SQLITE_MISMATCH)" in message, message
+        assert "an error this release does not expect: retry the call" in message, message
+        assert f"SQLite version ({sqlite3.sqlite_version})" in message
+        assert await store.get_run(run.id) is None
+        await store.insert_run(run)
+        assert await store.get_run(run.id) == run
