@@ -4315,14 +4315,18 @@ class SqliteBackend:
                 except asyncio.CancelledError:
                     cancelled = True
             if not cancelled:
-                # Queued ahead of the close, on the same thread: no await, so a shutdown's
-                # cancellation cannot come between the two.
-                if self._conn._running and not self.read_only:
-                    self._conn._tx.put_nowait((None, self._worker.empty_wal_if_moved))
+                self._empty_wal_if_moved()
                 await close_on_worker(self._conn)
         finally:
             if self._conn._running:  # cancelled (a shutdown), or closed unfinished
+                self._empty_wal_if_moved()
                 stop_worker(self._conn)
+
+    def _empty_wal_if_moved(self) -> None:
+        """Queue _Worker.empty_wal_if_moved ahead of the connection's close, on the same thread:
+        no await comes between the two, so a shutdown's cancellation cannot either."""
+        if self._conn._running and not self.read_only:
+            self._conn._tx.put_nowait((None, self._worker.empty_wal_if_moved))
 
     def _closer_stopped(self, _: asyncio.Task[None]) -> None:
         """A closer cancelled before its first step (a shutdown cancelling every task just after
@@ -4344,6 +4348,7 @@ class SqliteBackend:
             and self._settled.is_set()
             and self._conn._running
         ):
+            self._empty_wal_if_moved()
             stop_worker(self._conn)
 
     def _now_idle(self) -> None:

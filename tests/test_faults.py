@@ -16,6 +16,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -517,13 +518,44 @@ async def test_a_deleted_or_replaced_file_refuses_writes_until_restored(db_path:
     await assert_sound(db_path)
 
 
+async def _closed_by_a_shutdown(store: Store, *, started: bool) -> None:
+    """Close ``store`` as a shutdown that cancels every task does: its closer is cancelled
+    while a write is still in flight, before its first step or while it waits (``started``),
+    and the connection ends once that write is done."""
+    backend = store._connected()
+    gate = threading.Event()
+    held = _sqlite.on_thread(backend._conn, lambda: gate.wait(CALL_TIMEOUT))
+    write = asyncio.ensure_future(store.insert_run(make_run()))
+    await asyncio.sleep(0)
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0)
+    closer = backend._closer
+    assert closer is not None
+    for _ in range(3 if started else 0):
+        await asyncio.sleep(0)
+    assert not closer.done()
+    closer.cancel()
+    gate.set()
+    await held
+    with contextlib.suppress(StorageError):  # the file was replaced: the write is refused
+        await write
+    with contextlib.suppress(asyncio.CancelledError):
+        await closing
+    await asyncio.to_thread(backend._conn._thread.join, CALL_TIMEOUT)
+    assert not backend._conn._thread.is_alive()
+
+
+@pytest.mark.parametrize(
+    "closed_by", ["close()", "a shutdown before the close began", "a shutdown as it waits"]
+)
 async def test_a_backup_moved_over_a_running_stores_file_is_sound_once_that_store_closes(
-    db_path: Path,
+    db_path: Path, closed_by: str
 ) -> None:
     """A backup moved over the file under a running store, then that store closed, as its
-    StorageError says, before connecting again: the path opens the backup, sound and as it was.
-    SQLite's close leaves the -wal of a moved file beside the path (it skips its checkpoint),
-    and the next connection applied that log to the backup: a malformed file."""
+    StorageError says, before connecting again (or by a shutdown that cancels every task, the
+    store's closer too): the path opens the backup, sound and as it was. SQLite's close leaves
+    the -wal of a moved file beside the path (it skips its checkpoint), and the next
+    connection applied that log to the backup: a malformed file."""
     backup = db_path.with_name("backup.db")
     async with Store.connect(db_path) as store:
         kept = [make_run() for _ in range(5)]
@@ -545,6 +577,8 @@ async def test_a_backup_moved_over_a_running_stores_file_is_sound_once_that_stor
         os.replace(backup, db_path)
         with pytest.raises(StorageError, match="before connecting again"):
             await store.insert_run(make_run())
+        if closed_by != "close()":
+            await _closed_by_a_shutdown(store, started=closed_by.endswith("waits"))
     finally:
         await store.close()
     async with Store.connect(db_path) as store:
