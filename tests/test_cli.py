@@ -158,43 +158,25 @@ def test_runs_lists_newest_first_with_progress(
     assert "model-a, model-b" in second
 
 
+@pytest.mark.parametrize("page_size", [1000, 3], ids=["one page", "pages of 3"])
 def test_runs_lines_up_the_progress_of_runs_of_different_sizes(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    page_size: int,
 ) -> None:
-    """The counts and percentages of runs of 5, 50 and 5,000 jobs stand in one column each:
-    every run's counts are padded to the widest job_count of the table, not to its own."""
+    """The counts and percentages of runs of 1, 5,000, 50 and 5 jobs stand in one column each:
+    every run's counts are padded to the widest job_count of the table, not to its own, and a
+    table printed a page at a time pads a later page's to the widest printed before it."""
     db = tmp_path / "sizes.db"
 
     async def fill() -> None:
         async with Store.connect(db) as store:
-            for count in (5, 50, 5_000):
-                run = make_run(job_count=count)
-                await store.insert_run(run, jobs=make_jobs(run))
+            for count in (1, 5_000, 50, 5):  # newest last: the run of 1 job is printed last
+                await store.insert_run(make_run(job_count=count))
 
     asyncio.run(fill())
-    code, out, err = run_cli(capsys, "runs", "--url", str(db))
-    assert (code, err) == (0, "")
-    rows = out.splitlines()[1:]
-    assert len(rows) == 3
-    assert len({row.index("/") for row in rows}) == 1, out
-    assert len({row.index("%") for row in rows}) == 1, out
-
-
-def test_runs_lines_up_the_progress_across_pages(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A table printed a page at a time keeps its counts in one column: a later page of
-    smaller runs is padded to the widest job_count printed before it."""
-    db = tmp_path / "pages.db"
-
-    async def fill() -> None:
-        async with Store.connect(db) as store:
-            await store.insert_run(make_run(job_count=1))  # the oldest: the last page
-            for _ in range(3):
-                await store.insert_run(make_run(job_count=100))
-
-    asyncio.run(fill())
-    monkeypatch.setattr(cli, "RUNS_PAGE_SIZE", 3)
+    monkeypatch.setattr(cli, "RUNS_PAGE_SIZE", page_size)
     code, out, err = run_cli(capsys, "runs", "--all", "--url", str(db))
     assert (code, err) == (0, "")
     rows = out.splitlines()[1:]
