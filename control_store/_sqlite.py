@@ -4411,31 +4411,14 @@ class SqliteBackend:
         ``small``: the op reads a bounded number of rows, so on an in-memory database it may
         run inline (see _inline_ok). Otherwise one hop, and no coroutine of ours on the hot
         path: errors are translated on the worker thread (_Worker.run_read), so the future already
-        carries the ControlError.
+        carries the ControlError. A caller cancelled while its op still waits for the thread
+        withdraws it, and it never runs (see _hop_read); one that has started runs to its end,
+        which for migrate's op, writing in transactions of its own, means all of it.
         """
         self.admit()
         if small and self._inline:
             return self._read_inline(op)
         return self._hop_read(op)
-
-    async def read_withdrawable(self, op: Op[T]) -> T:
-        """read(op) for an op that writes in transactions of its own (migrate): a caller
-        cancelled while the op still waits for the thread withdraws it, and it never runs, as a
-        write does (a plain hop ran it all the same, and applied the migrations of a call its
-        caller had cancelled). One that has started runs to its end."""
-        ticket: _Ticket = [op]
-
-        def taken(conn: sqlite3.Connection) -> T:
-            mine = _take(ticket)
-            if mine is None:
-                raise _Withdrawn  # its caller is gone: nothing ran, and no one awaits this
-            return cast(T, mine(conn))
-
-        try:
-            return await self.read(taken)
-        except asyncio.CancelledError:
-            _withdraw(ticket)
-            raise
 
     def admit(self) -> None:
         """Refuse a call from another process or event loop (refuse_foreign), or made once
@@ -4802,9 +4785,9 @@ def _what_failed(error: ControlError, *, busy_timeout: float) -> str:
     return f"{type(error).__name__}: {what}{detail}"
 
 
-# A write's op, in a one-element list: the worker pops it to start the op, a cancelled caller
-# pops it to withdraw the op. list.pop is one step under the GIL, so exactly one of the two
-# gets it, and the caller knows whether its op ran.
+# A write's (or a hopping read's) op, in a one-element list: the worker pops it to start the
+# op, a cancelled caller pops it to withdraw the op. list.pop is one step under the GIL, so
+# exactly one of the two gets it, and the caller knows whether its op ran.
 _Ticket = list[Op[Any]]
 _WITHDRAWN: Final = (False, None)  # the result of a withdrawn op, which no one awaits
 
@@ -4816,10 +4799,6 @@ def _take(ticket: _Ticket) -> Op[Any] | None:
         return ticket.pop()
     except IndexError:
         return None
-
-
-class _Withdrawn(Exception):
-    """What the worker gives for a read_withdrawable op its caller withdrew (never seen)."""
 
 
 def _withdraw(ticket: _Ticket) -> bool:

@@ -736,7 +736,7 @@ class Store:
         backend = self._connected()
         if backend.read_only:
             self._writable("migrate")  # raises ReadOnlyStoreError, naming the method
-        applied = await backend.read_withdrawable(backend.migrate_op())
+        applied = await backend.read(backend.migrate_op())  # withdrawn if cancelled queued
         backend.unmigrated = None
         return applied
 
