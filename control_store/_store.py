@@ -584,14 +584,18 @@ class Store:
         if backend.unmigrated is not None:
             await backend.refuse_unmigrated()
         run_key = _id(run_id, what="run_id")
-        given: object = outcome
-        if type(given) in _PLAIN_BATCHES:
+        try:
+            job_key, payload = _codec.outcome_params(outcome)
+        except InvalidInputError:
+            given: object = outcome
+            if type(given) not in _PLAIN_BATCHES:
+                raise
+            # Only on the refusal, not on every call: a list of outcomes meant for the batch.
             raise InvalidInputError(
                 f"record_job_outcome takes one JobOutcome, got a {type(given).__name__} of "
                 f"{len(cast(Sized, given))}; nothing was recorded: for several outcomes of one "
                 "run, call record_job_outcomes(run_id, outcomes)"
-            )
-        job_key, payload = _codec.outcome_params(outcome)
+            ) from None
         op = partial(_sqlite.op_record_outcome, run_key, job_key, payload)
         return await backend.write(op, small=True)
 
