@@ -180,6 +180,18 @@ def held_store(loop: asyncio.AbstractEventLoop, path: Path) -> HeldStore:
     return HeldStore(store, backend, backend._conn._thread, hold, held)
 
 
+@contextlib.asynccontextmanager
+async def thread_held(backend: _sqlite.SqliteBackend) -> AsyncIterator[None]:
+    """The store's thread kept busy until the block ends: calls made in it wait behind."""
+    gate = threading.Event()
+    occupied = _sqlite.on_thread(backend._conn, lambda: gate.wait(CALL_TIMEOUT))
+    try:
+        yield
+    finally:
+        gate.set()
+    await occupied
+
+
 def follow_advice(path: Path, told: BaseException | str, sql: str) -> None:
     """Run, on the database at ``path``, the statement an error's or a check() finding's
     message gives where the pattern ``sql`` (one group: the statement) finds it: a repair

@@ -7,7 +7,7 @@ import contextlib
 import random
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from conftest import (
     make_run,
     raw_db,
     sized,
+    thread_held,
     traced,
 )
 
@@ -165,25 +166,13 @@ async def test_a_claim_cancelled_before_it_starts_claims_nothing(
         assert len(await store.claim_runs(3)) == (2 if behind == "a read" else 3)
 
 
-@contextlib.asynccontextmanager
-async def _thread_held(backend: _sqlite.SqliteBackend) -> AsyncIterator[None]:
-    """The store's thread kept busy until the block ends: calls made in it wait behind."""
-    gate = threading.Event()
-    occupied = _sqlite.on_thread(backend._conn, lambda: gate.wait(CALL_TIMEOUT))
-    try:
-        yield
-    finally:
-        gate.set()
-    await occupied
-
-
 async def _cancel_a_claim_while_queued(
     store: Store, backend: _sqlite.SqliteBackend, behind: str
 ) -> None:
     """Hold the store's thread, queue a claim behind a read (or behind a write, in the group
     commit's queue), cancel it, then let everything run."""
     ahead = None
-    async with _thread_held(backend):
+    async with thread_held(backend):
         if behind == "a write":  # becomes the write in flight: the claim queues for a group
             ahead = asyncio.ensure_future(store.insert_run(make_run()))
             await asyncio.sleep(0)
@@ -203,7 +192,7 @@ async def test_a_migrate_cancelled_while_queued_never_runs(tmp_path: Path) -> No
     async with Store.connect(tmp_path / "fresh.db", migrate=False) as store:
         backend = store._backend
         assert backend is not None
-        async with _thread_held(backend):
+        async with thread_held(backend):
             migrating = asyncio.ensure_future(store.migrate())
             await asyncio.sleep(0)
             migrating.cancel()
@@ -845,7 +834,7 @@ async def test_a_read_cancelled_while_queued_never_runs(db_path: Path) -> None:
         backend = store._backend
         assert backend is not None
         async with traced(store) as statements:
-            async with _thread_held(backend):
+            async with thread_held(backend):
                 reads = [
                     asyncio.ensure_future(call)
                     for call in (store.list_jobs(run.id), store.get_run(run.id), store.check())

@@ -16,7 +16,6 @@ import sqlite3
 import stat
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -50,6 +49,7 @@ from conftest import (
     group_in_flight,
     make_jobs,
     make_run,
+    thread_held,
 )
 
 pytestmark = pytest.mark.slow
@@ -523,20 +523,17 @@ async def _closed_by_a_shutdown(store: Store, *, started: bool) -> None:
     while a write is still in flight, before its first step or while it waits (``started``),
     and the connection ends once that write is done."""
     backend = store._connected()
-    gate = threading.Event()
-    held = _sqlite.on_thread(backend._conn, lambda: gate.wait(CALL_TIMEOUT))
-    write = asyncio.ensure_future(store.insert_run(make_run()))
-    await asyncio.sleep(0)
-    closing = asyncio.ensure_future(store.close())
-    await asyncio.sleep(0)
-    closer = backend._closer
-    assert closer is not None
-    for _ in range(3 if started else 0):
+    async with thread_held(backend):
+        write = asyncio.ensure_future(store.insert_run(make_run()))
         await asyncio.sleep(0)
-    assert not closer.done()
-    closer.cancel()
-    gate.set()
-    await held
+        closing = asyncio.ensure_future(store.close())
+        await asyncio.sleep(0)
+        closer = backend._closer
+        assert closer is not None
+        for _ in range(3 if started else 0):
+            await asyncio.sleep(0)
+        assert not closer.done()
+        closer.cancel()
     with contextlib.suppress(StorageError):  # the file was replaced: the write is refused
         await write
     with contextlib.suppress(asyncio.CancelledError):
