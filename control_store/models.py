@@ -6,6 +6,8 @@ All are frozen msgspec structs that compare equal after a round trip through the
 from __future__ import annotations
 
 import enum
+import os
+import time
 import uuid
 from datetime import UTC, datetime
 from typing import NewType
@@ -33,14 +35,28 @@ RunId = NewType("RunId", uuid.UUID)
 JobId = NewType("JobId", uuid.UUID)
 
 
+def _uuid7() -> uuid.UUID:
+    """A fresh UUID version 7 (RFC 9562): 48 bits of Unix time in milliseconds, then 12 bits of
+    the millisecond's fraction (its method 3), then 62 random bits.
+
+    Ids made later sort later, as UUIDs and as the canonical text the store keeps, so a store's
+    primary-key indexes grow at their end instead of at a random page: on a file of 1.2M jobs,
+    `insert_jobs` keeps the rate it has on an empty one (README, "Ids"). Made in the same ~244 ns
+    tick, two ids are in random order; 62 random bits a tick keep them apart."""
+    ms, ns = divmod(time.time_ns(), 1_000_000)
+    tick = ns * 4096 // 1_000_000
+    rand = int.from_bytes(os.urandom(8)) & 0x3FFF_FFFF_FFFF_FFFF
+    return uuid.UUID(int=ms << 80 | (0x7000 | tick) << 64 | 0x8000_0000_0000_0000 | rand)
+
+
 def new_run_id() -> RunId:
-    """A fresh, random run id."""
-    return RunId(uuid.uuid4())
+    """A fresh run id: a UUID version 7, ordered by the time it was made, random past it."""
+    return RunId(_uuid7())
 
 
 def new_job_id() -> JobId:
-    """A fresh, random job id."""
-    return JobId(uuid.uuid4())
+    """A fresh job id: a UUID version 7, ordered by the time it was made, random past it."""
+    return JobId(_uuid7())
 
 
 def utc_now() -> datetime:
