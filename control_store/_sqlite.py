@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import (
     Awaitable,
     Callable,
+    Collection,
     Generator,
     Iterable,
     Iterator,
@@ -2648,11 +2649,20 @@ def _replayable(items: Iterable[Any]) -> bool:
     return type(items) in (list, tuple)
 
 
+def one_shot(items: Iterable[Any]) -> bool:
+    """Whether reading ``items`` may use them up, so that a failed call must say it read them:
+    an iterator (a generator, a map), or any other iterable that is no collection, such as an
+    object whose ``__iter__`` is a generator over a file, a queue or a cursor (each iter() of it
+    goes on where the last one stopped, so a retry with it would insert only what is left, and
+    succeed). A collection (a list, a set, a deque, a dict's view) reads the same again."""
+    return not is_a(items, Collection)
+
+
 def insert_jobs_op(jobs: Iterable[Job]) -> Op[int]:
     """The op inserting ``jobs``: a RunsOnce unless they can be read again (_replayable)."""
     if _replayable(jobs):
         return partial(op_insert_jobs, jobs)
-    return RunsOnce(jobs, type(jobs).__name__, one_shot=is_a(jobs, Iterator))
+    return RunsOnce(jobs, type(jobs).__name__, one_shot=one_shot(jobs))
 
 
 def insert_run_with_jobs_op(params: RunParams, jobs: Iterable[Job]) -> Op[int]:
@@ -2661,7 +2671,7 @@ def insert_run_with_jobs_op(params: RunParams, jobs: Iterable[Job]) -> Op[int]:
     if _replayable(jobs):
         return partial(op_insert_run_with_jobs, params, jobs)
     kind = type(jobs).__name__
-    return RunsOnce(jobs, kind, one_shot=is_a(jobs, Iterator), run=params)
+    return RunsOnce(jobs, kind, one_shot=one_shot(jobs), run=params)
 
 
 def op_insert_run_with_jobs(

@@ -646,7 +646,7 @@ class Store:
         # Encoded here, before the hop: a bad outcome anywhere fails the call with nothing sent.
         # That reads the whole batch: an iterator's every error from here on says it was
         # consumed (see _sqlite.consumed), or a retry with it would record nothing, and succeed.
-        one_shot = type(outcomes) not in _PLAIN_BATCHES and is_a(outcomes, Iterator)
+        one_shot = type(outcomes) not in _PLAIN_BATCHES and _sqlite.one_shot(outcomes)
         rows: list[tuple[str, str]] = []
         raised: Exception | None = None
         failed: ControlError | None = None

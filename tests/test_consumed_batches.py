@@ -14,7 +14,7 @@ import collections
 import contextlib
 import copy
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -319,3 +319,59 @@ async def test_record_job_outcomes_refusing_an_item_of_a_generator_says_it_was_c
         await store.record_job_outcomes(run.id, feed())
     assert raised.value is own
     assert (await store.get_run(run.id)) == run  # nothing recorded by either
+
+
+class _Feed:
+    """A single-pass iterable that is not an iterator: its ``__iter__`` is a generator over one
+    shared source (a file, a queue, a cursor), so each iter() goes on where the last stopped."""
+
+    def __init__(self, items: Iterable[object]) -> None:
+        self._source = iter(items)
+
+    def __iter__(self) -> Iterator[object]:
+        yield from self._source
+
+
+async def test_a_single_pass_iterable_that_is_no_iterator_is_told_it_was_consumed(
+    store: Store,
+) -> None:
+    """insert_jobs of an object whose __iter__ reads a shared source, failing part-way with a
+    retryable StorageError: the error says the iterable was consumed, since retrying with the
+    same object would insert only the jobs it has left, and succeed."""
+    run = make_run(job_count=3_000)
+    await store.insert_run(run)
+    jobs = make_jobs(run)
+    feed = _Feed(jobs)
+    await _nearly_full(store, 0)
+    with pytest.raises(StorageError) as caught:
+        await store.insert_jobs(feed)  # type: ignore[arg-type]
+    assert "one-shot iterable (_Feed)" in str(caught.value)
+    assert RETRY_WITH_NEW in str(caught.value)
+    await _unlimited(store)
+    await store.insert_jobs(_Feed(jobs))  # type: ignore[arg-type]
+    assert await store.list_jobs(run.id) == jobs
+
+
+async def test_record_job_outcomes_of_a_single_pass_iterable_says_it_was_consumed(
+    db_path: Path,
+) -> None:
+    """record_job_outcomes reads a single-pass iterable that is no iterator whole before a
+    write refused by a lock: the error says it was consumed (a retry with it records nothing
+    and returns [])."""
+    async with Store.connect(db_path, busy_timeout=0.05) as store:
+        run = make_run(job_count=3)
+        await store.insert_run(run)
+        jobs = make_jobs(run)
+        await store.insert_jobs(jobs)
+        outcomes = [JobOutcome(job.id, score=1.0) for job in jobs]
+        other = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            with pytest.raises(DatabaseBusyError) as caught:
+                await store.record_job_outcomes(run.id, _Feed(outcomes))  # type: ignore[arg-type]
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert "one-shot iterable (_Feed)" in str(caught.value)
+        assert RETRY_OUTCOMES in str(caught.value)
+        assert await store.record_job_outcomes(run.id, _Feed(outcomes)) == [True] * 3  # type: ignore[arg-type]
