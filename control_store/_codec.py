@@ -464,6 +464,17 @@ def _check_utf8(value: str, *, what: str) -> None:
     try:
         value.encode()
     except UnicodeEncodeError as exc:
+        pair = value[exc.start : exc.start + 2]
+        if len(pair) == 2 and "\ud800" <= pair[0] <= "\udbff" and "\udc00" <= pair[1] <= "\udfff":
+            # A UTF-16 surrogate pair left as two code points (unicode_escape-decoded text, a
+            # bridge handing over UTF-16 code units): it names one character, which 'replace'
+            # would destroy; joined, it is that character.
+            raise InvalidInputError(
+                f"{what} holds {pair!r} at index {exc.start}, a UTF-16 surrogate pair left as "
+                "two code points, which UTF-8 cannot encode, so it cannot be stored; join "
+                "each pair into the character it stands for: "
+                "text.encode('utf-16', 'surrogatepass').decode('utf-16')"
+            ) from None
         raise InvalidInputError(
             f"{what} holds {value[exc.start]!r} at index {exc.start}, a lone surrogate that "
             "UTF-8 cannot encode, so it cannot be stored (text decoded with "

@@ -615,3 +615,19 @@ def test_a_big_batch_is_decoded_a_chunk_at_a_time(
         bad = list(rows)
         bad[-2] = tuple(None if i == len(good) - 3 else v for i, v in enumerate(good))
         assert _batch(batch, bad) == _each(one, bad)
+
+
+def test_a_surrogate_pair_is_told_to_be_joined_not_replaced() -> None:
+    """Text holding a UTF-16 surrogate pair as two code points is refused with the fix that
+    keeps the character (joining the pair), not errors='replace', which would destroy it."""
+    text = b"ok \\ud83d\\ude00".decode("unicode_escape")
+    run = Run("m", ["a"], 1, 1)
+    job = Job(run.id, EvalJob("a", "s", 0))
+    outcome = msgspec.structs.replace(JobOutcome(job.id), output=text)
+    message = _refusal(_codec._checked_outcome_params, outcome)
+    assert "surrogate pair" in message
+    assert "surrogatepass" in message
+    assert _refusal(_codec.outcome_params, outcome) == message
+    fixed = text.encode("utf-16", "surrogatepass").decode("utf-16")
+    assert fixed == "ok \U0001f600"
+    _codec.outcome_params(msgspec.structs.replace(outcome, output=fixed))
