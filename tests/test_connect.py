@@ -416,6 +416,46 @@ async def test_a_file_named_memory_is_opened_as_a_file(
     assert {p.name for p in tmp_path.iterdir()} >= {":memory:"}
 
 
+@pytest.mark.parametrize("rest", [":MEMORY:", ":Memory:", ":memory:#x", ":memory:.db"])
+async def test_a_url_that_only_looks_like_memory_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rest: str
+) -> None:
+    """sqlite:<rest> in another case, or with more after it, would open a file so named where
+    sqlite::memory: was meant: refused, creating nothing, with the URL for each meaning; the
+    URL given for the file opens it."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError) as caught:
+        await Store.connect(f"sqlite:{rest}")
+    assert list(tmp_path.iterdir()) == []
+    assert str(caught.value) == (
+        f"URL 'sqlite:{rest}' is not sqlite::memory: (its case or what follows differ), so it "
+        f"would open a file named {rest!r}; nothing was opened: for an in-memory store write "
+        f"sqlite::memory: as it is here; for a file so named, sqlite://./{rest}"
+    )
+    async with Store.connect(f"sqlite://./{rest}") as store:
+        assert not store.read_only
+    assert [p.name for p in tmp_path.iterdir() if p.name == rest] == [rest]
+
+
+@pytest.mark.parametrize("end", ["\n", " ", "\r\n", "\t"])
+async def test_a_url_ending_in_whitespace_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, end: str
+) -> None:
+    """A URL read with its line's end (from a file, an environment variable) would name a file
+    whose name ends so, beside the one meant: refused, creating nothing; the %XX escape names
+    such a file on purpose."""
+    monkeypatch.chdir(tmp_path)
+    for url in (f"sqlite://runs.db{end}", f"sqlite::memory:{end}"):
+        with pytest.raises(ConfigurationError, match="ends with whitespace") as caught:
+            await Store.connect(url)
+        assert f"({end[-1]!r})" in str(caught.value)
+        assert "strip() the URL" in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+    async with Store.connect("sqlite://runs.db%20") as store:
+        assert not store.read_only
+    assert "runs.db " in {p.name for p in tmp_path.iterdir()}
+
+
 class _BrokenPath:
     """An os.PathLike whose __fspath__ raises."""
 
