@@ -170,10 +170,10 @@ def make_runs(
 
 @dataclass(frozen=True, slots=True)
 class _RunJobs:
-    """A run's jobs, made anew each time they are iterated: an iterable, not a one-shot
-    generator, so that an insert failing part-way leaves them whole, and its error does not
-    tell the operator to pass the store a new generator, which only a caller of the library
-    could do."""
+    """A run's jobs, made anew each time they are iterated: a collection (it has a length),
+    not a one-shot generator, so that an insert failing part-way leaves them whole, and its
+    error does not tell the operator to pass the store a new generator, which only a caller of
+    the library could do. The store reads any iterable that is no collection as one-shot."""
 
     run: Run
     config: DemoConfig
@@ -182,6 +182,16 @@ class _RunJobs:
 
     def __iter__(self) -> Iterator[Job]:
         return _jobs_of(self.run, self.config, self.models, self.stop)
+
+    def __len__(self) -> int:
+        return self.run.job_count
+
+    def __contains__(self, item: object) -> bool:
+        # By run and spec: each iteration makes the jobs anew, each with a fresh id.
+        if not isinstance(item, Job) or item.run_id != self.run.id:
+            return False
+        jobs = _jobs_of(self.run, self.config, self.models, threading.Event())
+        return any(job.spec == item.spec for job in jobs)
 
 
 def _jobs_of(

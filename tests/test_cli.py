@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections.abc
 import contextlib
 import errno
 import fcntl
@@ -2719,6 +2720,23 @@ def test_a_stopped_demo_ends_its_progress_line_before_its_error(
     assert "\r\x1b[K" in out  # the progress line was drawn
     assert out.endswith(" jobs/s\n"), out[-80:]
     assert err.startswith("control-store: error: the demo's scheduler processes could not")
+
+
+def test_the_demo_hands_each_runs_jobs_to_the_store_as_a_collection() -> None:
+    """A run's jobs in the demo are a collection (the store reads anything else as one-shot,
+    and would tell the operator to make a generator again): its length is the run's
+    job_count, it makes the same specs each time it is read, and holds a job by its run and
+    spec."""
+    config = demo.DemoConfig(url="sqlite::memory:", runs=2, models=2, samples=3, epochs=2)
+    for run, jobs in demo.make_runs(config):
+        assert isinstance(jobs, collections.abc.Collection)
+        first, again = list(jobs), list(jobs)
+        assert len(jobs) == len(first) == run.job_count == 12
+        assert [job.spec for job in first] == [job.spec for job in again]
+        assert first[5] in jobs
+        assert msgspec.structs.replace(first[5], run_id=uuid.uuid4()) not in jobs
+        spec = msgspec.structs.replace(first[5].spec, epoch=2)
+        assert msgspec.structs.replace(first[5], spec=spec) not in jobs
 
 
 def test_a_demo_whose_submission_fails_says_what_it_wrote(
