@@ -206,6 +206,12 @@ def _current_task() -> asyncio.Task[Any] | None:
         return None
 
 
+class _NotAStoreYet(ConfigurationError, AttributeError):
+    """A Store's attribute asked of what Store.connect() returns, before it was awaited: a
+    ControlError, as every error of the store is, and an AttributeError, as hasattr() and
+    getattr(x, name, default) expect of a missing attribute."""
+
+
 class _Connecting(Coroutine[Any, Any, "Store"]):
     """What ``Store.connect`` returns: ``await`` it for a store, or ``async with`` it.
 
@@ -247,13 +253,13 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
                 raise AttributeError(
                     f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self
                 )
-            raise AttributeError(
+            error = _NotAStoreYet(
                 f"{name!r} is an attribute of a Store, and this is not one yet: Store.connect() "
                 "and Store.in_memory() return what opens one; use store = await "
-                "Store.connect(url), or async with Store.connect(url) as store",
-                name=name,
-                obj=self,
+                "Store.connect(url), or async with Store.connect(url) as store"
             )
+            error.name, error.obj = name, self
+            raise error
 
     def _step(self, step: Callable[[Coroutine[Any, Any, Store]], Any]) -> Any:
         task = _current_task()

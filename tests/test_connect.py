@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -917,3 +918,28 @@ async def test_a_name_too_long_says_to_shorten_it(tmp_path: Path, name: str) -> 
         await Store.connect(tmp_path / name)
     assert "give a shorter path" in str(caught.value)
     assert "may enter every directory" not in str(caught.value)
+
+
+async def test_a_store_method_asked_of_an_unawaited_connect_says_to_await_it() -> None:
+    """store = Store.connect(url) without await, then store.get_run(...): a ConfigurationError
+    (a ControlError, as the contract has every error be) that is an AttributeError too, so
+    hasattr() and getattr() with a default still work; it says to await the connect. A name
+    a Store does not have stays a plain AttributeError."""
+    opening = Store.connect("sqlite::memory:")
+    with pytest.raises(ConfigurationError) as caught:
+        opening.get_run  # type: ignore[attr-defined]  # noqa: B018
+    assert isinstance(caught.value, AttributeError)
+    assert (caught.value.name, caught.value.obj) == ("get_run", opening)
+    assert str(caught.value) == (
+        "'get_run' is an attribute of a Store, and this is not one yet: Store.connect() and "
+        "Store.in_memory() return what opens one; use store = await Store.connect(url), or "
+        "async with Store.connect(url) as store"
+    )
+    assert not hasattr(opening, "claim_runs")
+    assert getattr(opening, "closed", "default") == "default"
+    with pytest.raises(AttributeError) as plain:
+        opening.no_such_method  # type: ignore[attr-defined]  # noqa: B018
+    assert not isinstance(plain.value, ControlError)
+    store = await opening
+    assert await store.get_run(uuid.uuid4()) is None
+    await store.close()
