@@ -126,7 +126,8 @@ def load_migrations(backend: str, directory: Path | None = None) -> list[Migrati
         )
         error = StorageError(
             f"could not read control_store's migration files in {str(root)!r} [{exc}]; "
-            f"nothing was changed: {fix}"
+            f"no migration was applied and no row written (a connect may already have created "
+            f"the file or switched it to WAL mode, which is harmless): {fix}"
         )
         error.retryable = transient
         raise error from exc

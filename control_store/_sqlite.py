@@ -1218,7 +1218,9 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
             # open files: that limit, not the disk, is what to fix.
             error = StorageError(
                 f"{database} cannot be opened [{detail}]: this process is at its limit of open "
-                f"files; nothing was changed: {_migrate.OUT_OF_FILES_FIX}"
+                f"files; no row was written (at connect, the file or its -wal may already have "
+                f"been created, or the file switched to WAL mode, which is harmless): "
+                f"{_migrate.OUT_OF_FILES_FIX}"
             )
             error.retryable = True
         elif name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN")):

@@ -1331,6 +1331,71 @@ def test_a_process_at_its_open_file_limit_gets_a_storage_error_saying_so(
         assert "ulimit -n" in message, message
 
 
+_EMFILE_CHANGES = """
+import asyncio, contextlib, json, os, resource, sqlite3, sys
+from control_store import ControlError, Store
+
+def pragma(path, sql):
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return conn.execute(sql).fetchone()[0]
+
+async def main() -> None:
+    root = sys.argv[1]
+    old = os.path.join(root, "old.db")
+    async with Store.connect(old):
+        pass
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    seen = []
+    for free in range(6):
+        new = os.path.join(root, f"new{free}.db")
+        assert pragma(old, "PRAGMA journal_mode=DELETE") == "delete"
+        for path in (new, old):
+            in_use = len(os.listdir("/proc/self/fd")) - 1
+            resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + free, hard))
+            try:
+                store = await Store.connect(path)
+            except ControlError as exc:
+                error = [type(exc).__name__, exc.retryable, str(exc)]
+            else:
+                error = None
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            if error is None:
+                await store.close()
+                continue
+            mode = pragma(old, "PRAGMA journal_mode")
+            changed = os.path.exists(new) if path == new else mode == "wal"
+            seen.append([free, path == new, changed, *error])
+    print(json.dumps(seen))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_a_connect_refused_at_the_open_file_limit_does_not_deny_what_it_changed(
+    tmp_path: Path,
+) -> None:
+    """A connect at the limit of open files can fail after SQLite created the file (or its
+    -wal), or after it switched a file out of WAL mode back into it: its error then does not
+    say that nothing was changed, only that no row or migration was written; retryable, with
+    the fix for the limit."""
+    done = subprocess.run(
+        [sys.executable, "-c", _EMFILE_CHANGES, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    seen = json.loads(done.stdout)
+    assert any(changed for _, _, changed, *_ in seen), seen  # the case this test is for
+    for free, new, changed, kind, retryable, message in seen:
+        assert (kind, retryable) == ("StorageError", True), (free, new, message)
+        assert "ulimit -n" in message, message
+        if changed:
+            assert "nothing was changed" not in message, (free, new, message)
+            assert "no row" in message, message
+
+
 async def test_stores_of_this_process_connecting_at_once_to_a_closed_wal_file_all_open(
     tmp_path: Path,
 ) -> None:
