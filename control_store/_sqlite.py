@@ -1277,6 +1277,16 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
         error = _too_big(str(exc))
     elif isinstance(exc, ValueError) and str(exc) in ("Connection closed", "no active connection"):
         error = StoreClosedError(f"the store for {database} is closed; connect again")
+    elif isinstance(exc, UnicodeDecodeError) and isinstance(exc.object, bytes):
+        # CPython's sqlite3 decodes SQLite's error message as UTF-8 and, when it is not, raises
+        # this UnicodeDecodeError instead of the DatabaseError: SQLite quoted a name from the
+        # file's schema whose bytes are not UTF-8 ("malformed database schema (idx_\xd2...)"),
+        # which only damage (a flipped byte) or a hand edit makes.
+        said = exc.object.decode("utf-8", "backslashreplace")
+        error = StorageError(
+            f"{database} is corrupt [{said} (SQLite's message, holding bytes that are not "
+            f"UTF-8)]; stop writing to it and {_RESTORE}"
+        )
     else:
         return exc
     error.__cause__ = exc

@@ -1079,6 +1079,19 @@ def _corrupt_row(path: Path) -> str:
     return str(path)
 
 
+def _schema_name_not_utf8(path: Path) -> str:
+    """A flipped byte in a schema row's name: SQLite's message quotes the name's raw bytes,
+    which CPython's sqlite3 fails to decode (UnicodeDecodeError, not a DatabaseError)."""
+    asyncio.run(_populate(path))
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("PRAGMA journal_mode=DELETE")  # every page in the one file
+    data = bytearray(path.read_bytes())
+    at = data.index(b"idx_runs_created")
+    data[at + 4 : at + 6] = b"\xd2 "  # 'idx_runs_created' -> 'idx_\xd2 ns_created'
+    path.write_bytes(bytes(data))
+    return str(path)
+
+
 def _emptied_history(path: Path) -> str:
     """The schema and the rows, but every migration's row deleted by hand."""
     with contextlib.closing(sqlite3.connect(path)) as conn, conn:
@@ -1135,6 +1148,9 @@ def _newer_schema(path: Path) -> str:
             ["not a control_store database", "'notes'", "left untouched"],
         ),
         (["runs"], _corrupt_row, ["runs.models", "{oops", "repair"]),
+        (["runs"], _schema_name_not_utf8, ["is corrupt", "malformed database schema (idx_\\xd2"]),
+        (["check"], _schema_name_not_utf8, ["is corrupt", "malformed database schema"]),
+        (["migrate"], _schema_name_not_utf8, ["is corrupt", "malformed database schema"]),
         (
             ["check"],
             _emptied_history,
@@ -1156,6 +1172,9 @@ def _newer_schema(path: Path) -> str:
         "migrate-foreign",
         "migrate-status-foreign",
         "corrupt-row",
+        "schema-name-not-utf8",
+        "check-schema-name-not-utf8",
+        "migrate-schema-name-not-utf8",
         "emptied-history",
         "newer-schema-show",
         "newer-schema-migrate",
