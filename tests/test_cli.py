@@ -1865,6 +1865,21 @@ def test_broken_pipe_exits_quietly(populated: tuple[Path, Run, Run]) -> None:
         assert done.stderr == ""
 
 
+@pytest.mark.parametrize("json_output", [False, True])
+def test_a_migrate_whose_reader_is_gone_says_the_migrate_succeeded(
+    tmp_path: Path, json_output: bool
+) -> None:
+    """migrate | true: the migrations are applied, the output cannot be written (exit 1). Not a
+    read command, so not quiet: the line says the migrate succeeded, as it does on a full disk
+    (it said nothing, and exit 1 read as a migrate that failed)."""
+    path = tmp_path / "new.db"
+    done = _into_closed_pipe("migrate", "--url", str(path), *(["--json"] if json_output else []))
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("control-store: error: cannot write to standard output"), line
+    assert line.endswith(f"; the migrate succeeded: database is at migration {SHIPPED[-1][0]}")
+
+
 def test_json_cut_short_by_its_reader_is_no_success(tmp_path: Path) -> None:
     """JSON larger than a pipe holds, its reader gone after 100 bytes: exit 1, not 0. Written
     in one piece, the write cut short lost the rest without an error, and a script trusting
