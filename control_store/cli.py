@@ -239,7 +239,15 @@ def _json(value: object, *, ascii_only: bool = False) -> str:
     """``value`` as indented JSON; with ``ascii_only``, every non-ASCII character escaped
     (\\uXXXX, as json.dumps's ensure_ascii), so a stream that cannot encode it still gets valid
     JSON that decodes to the same strings."""
-    text = msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
+    try:
+        encoded = msgspec.json.encode(value)
+    except UnicodeEncodeError:
+        # A lone surrogate, which UTF-8 cannot hold: text from the command line (a path whose
+        # bytes are not UTF-8, --url $'\xff.db', decoded with surrogateescape). Written as
+        # JSON's \udcXX escape, as Python's json writes it: json.loads gives the same text
+        # back, and os.fsencode of it the path's bytes.
+        return json.dumps(msgspec.to_builtins(value), indent=2, ensure_ascii=True)
+    text = msgspec.json.format(encoded, indent=2).decode()
     if ascii_only:
         # Outside strings JSON is ASCII: every match is inside a string, where an escape is valid.
         text = _NON_ASCII.sub(lambda match: json.dumps(match.group())[1:-1], text)

@@ -1346,6 +1346,20 @@ def test_a_demo_suggested_for_a_file_named_with_a_colon_names_a_file(
     assert Path(parse_url(argv[3])).resolve() == tmp_path / "run:1-demo.db"
 
 
+def test_demo_json_on_a_path_that_is_not_utf8_is_a_json_document(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """demo --json --url $'\\xff.db': the URL, decoded with surrogateescape, is in the
+    document's config. msgspec cannot encode a lone surrogate: the demo ran, then ended in a
+    UnicodeEncodeError traceback instead of its JSON."""
+    path = tmp_path / os.fsdecode(b"\xff.db")
+    code, out, err = run_cli(capsys, "demo", *SMALL_DEMO, "--json", "--url", str(path))
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["ok"] is True
+    assert os.fsencode(document["config"]["url"]) == os.fsencode(str(path))
+
+
 def test_the_migrate_command_suggested_for_a_path_with_a_space_is_quoted(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
