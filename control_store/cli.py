@@ -1370,7 +1370,9 @@ def _check_demo_sizes(args: argparse.Namespace) -> None:
 
 def _describe_demo(out: Terminal, c: DemoConfig) -> None:
     out.print(
-        f"control-store demo on {_sqlite.redact(c.url)}: {counted(c.runs, 'run')} x "
+        # The URL as every message shows it: a newline or an ESC in a path typed is an escape.
+        f"control-store demo on {_printable(_sqlite.redact(c.url), data=False)}: "
+        f"{counted(c.runs, 'run')} x "
         f"{counted(c.jobs_per_run, 'job')} ({counted(c.models, 'model')} x "
         f"{counted(c.samples, 'sample')} x {counted(c.epochs, 'epoch')})"
     )

@@ -1360,6 +1360,20 @@ def test_demo_json_on_a_path_that_is_not_utf8_is_a_json_document(
     assert os.fsencode(document["config"]["url"]) == os.fsencode(str(path))
 
 
+def test_demo_heading_shows_the_urls_control_characters_as_escapes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The demo's first line names its --url: a newline in it split the line, and an ESC in it
+    reached the terminal, where every other message shows them as \\n and \\x1b."""
+    path = tmp_path / "a\nb\x1b[2J.db"
+    code, out, err = run_cli(capsys, "demo", *SMALL_DEMO, "--url", str(path))
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert first.startswith("control-store demo on "), first
+    assert "a\\nb\\x1b[2J.db: " in first
+    assert "\x1b" not in out
+
+
 def test_the_migrate_command_suggested_for_a_path_with_a_space_is_quoted(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
