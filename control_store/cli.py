@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, TextIO
 
 import msgspec
 
-from . import _codec, _migrate, _sqlite
+from . import _codec, _launch, _migrate, _sqlite
 from ._show import counted
 from ._store import Store, connect_any_version
 from .errors import (
@@ -2032,6 +2032,7 @@ def _main(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     out = Terminal.of(sys.stdout)
     try:
+        _launch.started()  # stop signals: the command's own handling from here (_supervise)
         code = asyncio.run(_supervise(command, args, out, partial(_exit_now, args, started)))
     except (ControlError, Failure) as exc:
         # One line, whatever the message held; other whitespace kept (a path's double space).

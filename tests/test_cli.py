@@ -1935,6 +1935,74 @@ def test_json_cut_short_by_its_reader_is_no_success(tmp_path: Path) -> None:
     child.stderr.close()
 
 
+_SIGNAL_WHILE_STARTING = """
+import os, signal, sys
+from control_store import _launch
+
+url, signum, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+class SignalAtImport:
+    # Sends the signal as the command's own module starts to load: the ~0.2 s of imports
+    # (asyncio, sqlite3, msgspec) a Ctrl-C at the prompt lands in.
+    def find_spec(self, name, path, target=None):
+        if name == "control_store.cli":
+            os.kill(os.getpid(), signum)
+        return None
+
+if how == "ignored":
+    signal.signal(signum, signal.SIG_IGN)
+sys.meta_path.insert(0, SignalAtImport())
+sys.argv = ["control-store", "migrate", "--url", url]
+sys.exit(_launch.main())
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX signals")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_while_the_command_starts_is_one_line(tmp_path: Path, signum: int) -> None:
+    """Ctrl-C, SIGTERM or SIGHUP while the command is still importing: one line and the exit
+    code of a stopped command (Python printed a KeyboardInterrupt traceback, or died of the
+    signal without a word), and nothing opened; a signal the caller ignores stays ignored."""
+    path = tmp_path / "new.db"
+    stopped = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_WHILE_STARTING, str(path), str(int(signum)), "answered"],
+        capture_output=True,
+        text=True,
+        timeout=CALL_TIMEOUT,
+    )
+    name = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
+    assert (stopped.returncode, stopped.stdout) == (128 + signum, "")
+    assert stopped.stderr == f"control-store: interrupted{name} while starting; nothing was done\n"
+    assert not path.exists()
+    ignored = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_WHILE_STARTING, str(path), str(int(signum)), "ignored"],
+        capture_output=True,
+        text=True,
+        timeout=CALL_TIMEOUT,
+    )
+    assert ignored.returncode == 0, ignored.stderr
+    assert "database is at migration" in ignored.stdout
+
+
+def test_the_command_is_launched_by_the_module_that_answers_signals_first() -> None:
+    """The control-store script and python -m control_store both start at _launch.main, which
+    answers stop signals before the command's imports; importing it (and the package) loads
+    none of the store's modules, so the window before it is Python's own start."""
+    (script,) = importlib.metadata.entry_points(group="console_scripts", name="control-store")
+    assert script.value == "control_store._launch:main"
+    main_module = Path(cli.__file__).with_name("__main__.py").read_text()
+    assert "from control_store._launch import main" in main_module
+    code = (
+        "import sys, control_store._launch; "
+        "print(sorted(m for m in ('asyncio', 'sqlite3', 'msgspec', 'aiosqlite', 'typing', "
+        "'control_store._store', 'control_store.cli') if m in sys.modules))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout
+    assert loaded.strip() == "[]"
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX signals")
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_stop_signal_ends_a_command_whose_reader_stalls(tmp_path: Path, signum: int) -> None:
