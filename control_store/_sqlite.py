@@ -1124,11 +1124,13 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
         detail = f"{exc} ({name})"
         if name.startswith(_BUSY):
             error = DatabaseBusyError(
-                f"{database} is locked: another connection held a lock on it for longer than "
-                f"busy_timeout={busy_timeout:g}s (in WAL mode, every store's, only a writer "
-                "blocks; a file switched out of WAL mode is blocked by a reader's open "
-                f"transaction too) [{detail}]; retry the call, or connect with a larger "
-                "busy_timeout"
+                f"{database} is locked: this call did not get its lock within "
+                f"busy_timeout={busy_timeout:g}s, because another connection held it that long, "
+                "or because other connections kept taking it in turn (SQLite's wait retries "
+                "at intervals and is not first come, first served: many busy writers can "
+                "outrun one waiter) (in WAL mode, every store's, only a writer blocks; a file "
+                "switched out of WAL mode is blocked by a reader's open transaction too) "
+                f"[{detail}]; retry the call, or connect with a larger busy_timeout"
             )
         elif name == "SQLITE_CONSTRAINT_FOREIGNKEY":
             error = MissingRunError(
@@ -4808,7 +4810,7 @@ def _what_failed(error: ControlError, *, busy_timeout: float) -> str:
         name = getattr(cause, "sqlite_errorname", None) or type(cause).__name__
         detail = f" [{cause} ({name})]"
     if isinstance(error, DatabaseBusyError):
-        what = f"another connection held the write lock past busy_timeout={busy_timeout:g}s"
+        what = f"the write lock could not be taken within busy_timeout={busy_timeout:g}s"
     elif isinstance(error, StorageError) and cause is None:  # see refuse_replaced_file
         what = (
             "the database file, or its -wal or -shm file, was deleted, moved or replaced while "

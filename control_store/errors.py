@@ -24,8 +24,8 @@ to what (the id, the column, the value), and what to do::
     │   │                         migrate: read_only=True (at connect), or migrate=False (at
     │   │                         each call until store.migrate())
     │   └── DirtyMigrationError   a migration was recorded as failed
-    ├── DatabaseBusyError         another connection held a lock past busy_timeout (a writer;
-    │                             out of WAL mode, a reader too); retryable
+    ├── DatabaseBusyError         a lock not taken within busy_timeout: others held it (a writer;
+    │                             out of WAL mode, a reader too), or kept winning it; retryable
     └── StorageError              the file system refused: disk full, read-only, I/O error
 
 Errors that a retry may cure carry ``retryable = True``.
@@ -188,8 +188,9 @@ class DirtyMigrationError(MigrationError):
 
 
 class DatabaseBusyError(ControlError):
-    """Another connection held a lock on the database for longer than ``busy_timeout``: its
-    write lock, or, on a file switched out of WAL mode, any open transaction."""
+    """A lock on the database could not be taken within ``busy_timeout``: another connection held
+    it that long (its write lock, or, on a file switched out of WAL mode, any open
+    transaction), or other connections kept taking it in turn (SQLite's wait is not fair)."""
 
     retryable = True
 

@@ -484,7 +484,7 @@ async def test_a_claim_whose_give_back_fails_says_which_runs_stay_running(
                 other.execute("ROLLBACK")
             other.close()
         message = str(warned[0].message)
-        assert "DatabaseBusyError: another connection held the write lock" in message
+        assert "DatabaseBusyError: the write lock could not be taken within busy_timeout" in message
         # The cancelled call has nothing to retry: the busy error's own advice is left out.
         assert "retry" not in message
         assert "larger busy_timeout" not in message

@@ -417,6 +417,11 @@ async def test_a_lock_held_past_busy_timeout_is_retryable_and_reads_go_on(
         with pytest.raises(DatabaseBusyError, match=r"busy_timeout=0\.2s.*retry") as caught:
             await store.insert_run(late)
         assert caught.value.retryable
+        # A busy wait fails as well when the lock was free most of the time but other
+        # connections kept winning it (SQLite's busy handler is not fair): the message must
+        # not assert that one connection held it for the whole timeout.
+        assert "held a lock on it for longer than" not in str(caught.value)
+        assert "kept taking it in turn" in str(caught.value)
         results = await asyncio.gather(
             *(store.insert_run(make_run()) for _ in range(5)),
             store.claim_next_run(),
