@@ -105,6 +105,24 @@ async def claim(db: str) -> None:
     say("finished")
 
 
+async def claim_batches(db: str, limit: str) -> None:
+    """Drain the queue with claim_runs(limit), then report each claimed run's outcomes twice
+    with record_job_outcomes: print every run claimed and every outcome newly recorded."""
+    async with Store.connect(db) as store:
+        say("ready")
+        wait_go()
+        while runs := await store.claim_runs(int(limit)):
+            for run in runs:
+                say("claimed", run.id)
+                jobs = await store.list_jobs(run.id)
+                twice = [JobOutcome(job.id, score=1.0) for job in jobs] * 2
+                news = await store.record_job_outcomes(run.id, twice)
+                for new, outcome in zip(news, twice, strict=True):
+                    if new:
+                        say("recorded", outcome.job_id)
+    say("finished")
+
+
 async def redeliver(db: str, run_id: str, seed: str) -> None:
     """Report every outcome of a run, in this process's own random order."""
     rng = random.Random(int(seed))
@@ -379,6 +397,7 @@ async def event_loop() -> None:
 _MODES: Final[dict[str, Callable[..., Awaitable[None] | None]]] = {
     "event-loop": event_loop,
     "claim": claim,
+    "claim-batches": claim_batches,
     "redeliver": redeliver,
     "record-acked": record_acked,
     "insert-runs-acked": insert_runs_acked,

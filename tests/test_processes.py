@@ -41,6 +41,32 @@ async def test_each_run_is_claimed_by_exactly_one_process(
     await assert_sound(db_path)
 
 
+async def test_batch_claims_and_batch_records_across_processes_count_once(
+    db_path: Path, spawn: Callable[..., Worker]
+) -> None:
+    """Processes draining one queue with claim_runs and reporting with record_job_outcomes
+    (each outcome twice in its batch) claim every run once and record every job once."""
+    runs = [make_run(job_count=3) for _ in range(sized(300, 1_500))]
+    async with Store.connect(db_path) as store:
+        for run in runs:
+            await store.insert_run(run, jobs=make_jobs(run))
+    workers = [spawn("claim-batches", db_path, limit) for limit in (1, 2, 3, 5)]
+    for worker in workers:
+        worker.expect("ready")
+    for worker in workers:
+        worker.go()
+    lines = [line for worker in workers for line in worker.finish()]
+    claims = Counter(acked(lines, "claimed"))
+    assert sorted(claims) == sorted(str(run.id) for run in runs)
+    assert set(claims.values()) == {1}
+    firsts = Counter(acked(lines, "recorded"))
+    assert len(firsts) == 3 * len(runs)
+    assert set(firsts.values()) == {1}
+    async with Store.connect(db_path) as store:
+        assert len(await store.list_runs(status=RunStatus.DONE)) == len(runs)
+    await assert_sound(db_path)
+
+
 async def test_each_run_is_claimed_by_exactly_one_task(db_path: Path) -> None:
     """Tasks draining one store together claim every run exactly once, oldest first."""
     runs = [make_run() for _ in range(sized(600, 3_000))]
