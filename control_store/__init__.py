@@ -87,10 +87,15 @@ _HOMES: dict[str, str] = {
         ".models",
     ),
 }  # and every error: .errors
+# The public submodules, attributes of the package as they were when it imported them eagerly:
+# `import control_store` then `control_store.models.new_run_id()` (README, "Ids").
+_SUBMODULES = frozenset({"errors", "models"})
 
 if not TYPE_CHECKING:  # to a type checker, the imports above are the names
 
     def __getattr__(name: str) -> object:
+        if name in _SUBMODULES:
+            return _importlib.import_module(f".{name}", __name__)  # sets the attribute itself
         home = _HOMES.get(name, ".errors" if name in __all__ else None)
         if home is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}", name=name)
@@ -100,7 +105,7 @@ if not TYPE_CHECKING:  # to a type checker, the imports above are the names
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | _SUBMODULES)
 
 
 del TYPE_CHECKING  # not a name of the package

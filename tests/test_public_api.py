@@ -175,3 +175,16 @@ def test_default_ids_are_uuid7_ordered_by_the_time_they_were_made() -> None:
         assert (made.version, made.variant) == (7, uuid.RFC_4122)
         assert now_ms - 1_000 < made.int >> 80 <= now_ms
     assert len({control_store.models.new_job_id() for _ in range(100_000)}) == 100_000
+
+
+def test_the_public_submodules_are_attributes_of_the_package_at_once() -> None:
+    """`import control_store`, then `control_store.models.new_run_id()` (as README's "Ids"
+    names it) in a fresh interpreter: the lazy package must still give its public submodules
+    as attributes, as the eager one did, not only once some other name had loaded them."""
+    code = (
+        "import control_store; "
+        "print(control_store.models.new_run_id().version, "
+        "control_store.errors.ControlError.__name__, 'models' in dir(control_store))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (done.returncode, done.stdout.split()) == (0, ["7", "ControlError", "True"]), done.stderr
