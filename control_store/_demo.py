@@ -26,7 +26,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Final, Protocol
@@ -169,11 +169,12 @@ def make_runs(
 
 
 @dataclass(frozen=True, slots=True)
-class _RunJobs:
+class _RunJobs(Collection[Job]):
     """A run's jobs, made anew each time they are iterated: a collection (it has a length),
     not a one-shot generator, so that an insert failing part-way leaves them whole, and its
     error does not tell the operator to pass the store a new generator, which only a caller of
-    the library could do. The store reads any iterable that is no collection as one-shot."""
+    the library could do. The store reads any iterable that is no collection as one-shot; a class
+    is one by subclassing Collection, not by having __len__ and __contains__."""
 
     run: Run
     config: DemoConfig

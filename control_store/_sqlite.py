@@ -39,6 +39,8 @@ from collections.abc import (
     Generator,
     Iterable,
     Iterator,
+    Mapping,
+    MappingView,
     Sequence,
     Set,
 )
@@ -2684,8 +2686,14 @@ def one_shot(items: Iterable[Any]) -> bool:
     an iterator (a generator, a map), or any other iterable that is no collection, such as an
     object whose ``__iter__`` is a generator over a file, a queue or a cursor (each iter() of it
     goes on where the last one stopped, so a retry with it would insert only what is left, and
-    succeed). A collection (a list, a set, a deque, a dict's view) reads the same again."""
-    return not is_a(items, Collection)
+    succeed). A sequence, set or mapping (a list, a set, a deque, a dict's view), or a class
+    that subclasses collections.abc.Collection, reads the same again. Having ``__len__`` and
+    ``__contains__`` promises nothing: a progress bar over a generator (tqdm's) has both, and
+    each iter() of it goes on with the generator."""
+    kind = type(items)
+    if issubclass(kind, (Sequence, Set, Mapping, MappingView)):
+        return False
+    return Collection not in kind.__mro__
 
 
 def insert_jobs_op(jobs: Iterable[Job]) -> Op[int]:
@@ -2819,11 +2827,11 @@ class RunsOnce:
     A group never runs it again (see _Worker.apart).
 
     ``pulled`` is set when the insert takes the first job. From then on a ``one_shot``
-    iterable (an iterator: a generator, a map) is consumed, so an error must say so (see told),
-    or a caller retrying the same call with the same generator would insert only what is left
-    of it, or nothing, and succeed. Not before (the insert's statement failing as it is
-    prepared, a lock never taken); nor for an iterable that is not its own iterator (a set, a
-    deque), which reading leaves as it was.
+    iterable (see one_shot: an iterator, a progress bar over a generator) is consumed, so an
+    error must say so (see told), or a caller retrying the same call with the same generator
+    would insert only what is left of it, or nothing, and succeed. Not before (the insert's
+    statement failing as it is prepared, a lock never taken); nor for a sequence, set or
+    mapping (a list, a set, a deque), which reading leaves as it was.
     """
 
     jobs: Iterable[Job]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import collections.abc
 import contextlib
 import copy
 import sqlite3
@@ -375,3 +376,65 @@ async def test_record_job_outcomes_of_a_single_pass_iterable_says_it_was_consume
         assert "one-shot iterable (_Feed)" in str(caught.value)
         assert RETRY_OUTCOMES in str(caught.value)
         assert await store.record_job_outcomes(run.id, _Feed(outcomes)) == [True] * 3  # type: ignore[arg-type]
+
+
+class _Progress:
+    """A progress bar over an iterable, of tqdm's shape: ``__len__`` (its total),
+    ``__contains__`` and an ``__iter__`` that is a generator over the wrapped iterable. A
+    Collection to isinstance(), yet wrapping a generator, each iter() goes on with it."""
+
+    def __init__(self, iterable: Iterable[object], total: int) -> None:
+        self.iterable, self.total = iterable, total
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.__iter__()
+
+    def __iter__(self) -> Iterator[object]:
+        yield from self.iterable
+
+
+class _SizedStream:
+    """An iterator that knows its length (a reader of a counted source): one-shot, as every
+    iterator is, though its __len__ and __contains__ make it a Collection to isinstance()."""
+
+    def __init__(self, items: list[object]) -> None:
+        self._items, self._count = iter(items), len(items)
+
+    def __iter__(self) -> _SizedStream:
+        return self
+
+    def __next__(self) -> object:
+        return next(self._items)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __contains__(self, item: object) -> bool:
+        return False
+
+
+# Iterables that isinstance() calls a Collection, yet one reading consumes.
+SIZED_ONE_SHOT: dict[str, Callable[[list[Job]], Iterable[object]]] = {
+    "_Progress": lambda jobs: _Progress((job for job in jobs), total=len(jobs)),
+    "_SizedStream": lambda jobs: _SizedStream(list(jobs)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SIZED_ONE_SHOT))
+async def test_a_sized_one_shot_iterable_is_told_it_was_consumed(store: Store, kind: str) -> None:
+    """insert_jobs(tqdm(generator, total=n)), or of an iterator with a __len__, failing
+    part-way on a full disk: the error must say the jobs were consumed, or the retry with the
+    same object inserts only the jobs left, and succeeds, leaving the run short of jobs for
+    good (check() clean). (At 735ad3e the iterator was told; the Collection rule lost it.)"""
+    run = make_run(job_count=3_000)
+    await store.insert_run(run)
+    jobs = SIZED_ONE_SHOT[kind](make_jobs(run))
+    assert isinstance(jobs, collections.abc.Collection)
+    await _nearly_full(store, 0)
+    with pytest.raises(StorageError) as caught:
+        await store.insert_jobs(jobs)
+    assert f"one-shot iterable ({kind})" in str(caught.value)
+    assert RETRY_WITH_NEW in str(caught.value)
