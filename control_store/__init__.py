@@ -70,7 +70,7 @@ __all__ = [
     "WrongRunError",
 ]
 
-_HOMES: dict[str, str] = {
+_HOMES = {  # no annotation: it would show in help(control_store)
     **dict.fromkeys(("ConnectOptions", "MigrationState", "Store"), "._store"),
     **dict.fromkeys(
         (

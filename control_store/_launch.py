@@ -15,14 +15,23 @@ import signal
 from types import FrameType
 
 _PROG = "control-store"
-_STOP_SIGNALS = tuple(
+# Signals that stop a command as Ctrl-C does (the command's own handling: cli.STOP_SIGNALS).
+STOP_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
 
 
+def interrupted(signum: int) -> str:
+    """How the command's line names a stop: "interrupted", "interrupted by SIGTERM"."""
+    return (
+        "interrupted"
+        if signum == signal.SIGINT
+        else f"interrupted by {signal.Signals(signum).name}"
+    )
+
+
 def _stopped(signum: int, frame: FrameType | None) -> None:
-    name = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
-    line = f"{_PROG}: interrupted{name} while starting; nothing was done\n"
+    line = f"{_PROG}: {interrupted(signum)} while starting; nothing was done\n"
     # Not contextlib.suppress: contextlib costs 5 ms to import, in the window this narrows.
     try:  # noqa: SIM105
         os.write(2, line.encode())
@@ -33,7 +42,7 @@ def _stopped(signum: int, frame: FrameType | None) -> None:
 
 def answer_stop_signals() -> None:
     """Answer the stop signals with _stopped, except one the caller ignores (nohup)."""
-    for signum in _STOP_SIGNALS:
+    for signum in STOP_SIGNALS:
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, _stopped)
 
@@ -41,7 +50,7 @@ def answer_stop_signals() -> None:
 def started() -> None:
     """Give the stop signals back to Python's own handling (SIGINT a KeyboardInterrupt), which
     the command answers from here on: only where answer_stop_signals set them."""
-    for signum in _STOP_SIGNALS:
+    for signum in STOP_SIGNALS:
         if signal.getsignal(signum) is _stopped:
             default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
             signal.signal(signum, default)

@@ -583,14 +583,15 @@ def parse_url(
                 # it would be part of the file's name, a new file beside the one meant.
                 raise ConfigurationError(
                     f"URL {redact(url)!r} ends with whitespace ({url[-1]!r}), which would be "
-                    "part of the file's name; nothing was opened: strip() the URL (a file whose "
-                    "name really ends so is named by its %XX escape, %20 for a space)"
+                    "part of the file's name; nothing was opened: remove it from the URL (a file "
+                    "whose name really ends so is named by its %XX escape, %20 for a space)"
                 )
             if rest.lower().startswith(MEMORY):
                 # SQLite reads only ':memory:' itself as memory: this would be a file so named.
+                named = _percent_decoded(url, rest, fixes)
                 raise ConfigurationError(
                     f"URL {redact(url)!r} is not {MEMORY_URL} (its case or what follows differ), "
-                    f"so it would open a file named {rest!r}; nothing was opened: for an "
+                    f"so it would open a file named {named!r}; nothing was opened: for an "
                     f"in-memory store write {MEMORY_URL} as it is here; for a file so named, "
                     f"sqlite://./{rest}"
                 )

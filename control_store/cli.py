@@ -96,9 +96,7 @@ class Interrupted(Exception):
 # Signals that stop a command as Ctrl-C does. SIGTERM (kill) and SIGHUP (a closed terminal)
 # would otherwise end the process at once, skipping the demo's clean-up, and leave its scheduler
 # processes running, re-parented to init, still claiming runs.
-STOP_SIGNALS: Final = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
-)
+STOP_SIGNALS: Final = _launch.STOP_SIGNALS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1891,8 +1889,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _interrupted(args: argparse.Namespace, signum: int, started: float) -> str:
     elapsed = time.perf_counter() - started
-    name = "" if signum == signal.SIGINT else f" by {signal.Signals(signum).name}"
-    message = f"{PROG}: interrupted{name} after {elapsed:.1f} s"
+    message = f"{PROG}: {_launch.interrupted(signum)} after {elapsed:.1f} s"
     if args.command is cmd_demo:
         message += f"; {_demo_leftovers(args)}"
     return message

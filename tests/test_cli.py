@@ -26,6 +26,7 @@ import subprocess
 import sys
 import termios
 import time
+import tomllib
 import unicodedata
 import uuid
 from collections.abc import Callable
@@ -1989,7 +1990,11 @@ def test_the_command_is_launched_by_the_module_that_answers_signals_first() -> N
     answers stop signals before the command's imports; importing it (and the package) loads
     none of the store's modules, so the window before it is Python's own start."""
     (script,) = importlib.metadata.entry_points(group="console_scripts", name="control-store")
-    assert script.value == "control_store._launch:main"
+    assert script.value == "control_store._launch:main"  # as installed
+    pyproject = Path(__file__).parents[1] / "pyproject.toml"
+    if pyproject.exists():  # a checkout (the packaging session runs the tests without one)
+        declared = tomllib.loads(pyproject.read_text())["project"]["scripts"]
+        assert declared == {"control-store": "control_store._launch:main"}
     main_module = Path(cli.__file__).with_name("__main__.py").read_text()
     assert "from control_store._launch import main" in main_module
     code = (
