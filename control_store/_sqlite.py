@@ -4621,17 +4621,25 @@ class SqliteBackend:
             # What failed, not the error's own advice ("retry the call", "a larger
             # busy_timeout"): the call was cancelled, nothing retries it, and only the UPDATE
             # below puts the runs back.
-            warnings.warn(
+            message = (
                 f"a claim was cancelled after it committed, and giving its runs back failed "
                 f"({_what_failed(exc, busy_timeout=self._worker.busy_timeout)}); runs "
                 f"{', '.join(back.ids)} stay 'running' with no scheduler working on them: once "
                 f"{self._database} takes writes again, from a client that waits for the write "
                 "lock (the sqlite3 shell started with -cmd '.timeout 5000': without it, it "
                 "fails at once while another process writes), queue them again with: "
-                f"{back.repair()}",
-                RuntimeWarning,
-                stacklevel=1,
+                f"{back.repair()}"
             )
+            try:
+                warnings.warn(message, RuntimeWarning, stacklevel=1)
+            except Warning as raised:
+                # Warnings as errors (pytest's filterwarnings = error, python -W error): the
+                # warning raised here would take the place of the caller's cancellation, and
+                # a TaskGroup or timeout would see an exception instead. The cancellation goes
+                # on; the warning goes to the loop's exception handler (asyncio's logs it).
+                self._loop.call_exception_handler(
+                    {"message": message, "exception": raised, "runs": list(back.ids)}
+                )
 
     def _refuse_closing(self) -> None:
         """Refuse a call that reached the backend after close() began (the Store refuses the

@@ -7,6 +7,7 @@ import contextlib
 import random
 import sqlite3
 import threading
+import warnings
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -847,3 +848,41 @@ async def test_a_read_cancelled_while_queued_never_runs(db_path: Path) -> None:
                         await read
             assert await store.get_job(run.id) is None  # the store carries on
         assert [sql for sql in statements if "FROM jobs WHERE id" not in sql] == [], statements
+
+
+async def test_a_failed_give_back_under_warnings_as_errors_still_ends_cancelled(
+    db_path: Path,
+) -> None:
+    """With warnings turned into errors (this suite's own filterwarnings = error), a cancelled
+    claim whose give-back fails still ends cancelled: the RuntimeWarning, raised, must not take
+    the cancellation's place. Its message goes to the loop's exception handler instead."""
+    reported: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        async with Store.connect(db_path, busy_timeout=0.05) as store:
+            run = make_run()
+            await store.insert_run(run)
+            held = await _HeldClaim.on(store)
+            claim = asyncio.ensure_future(store.claim_next_run())
+            other = sqlite3.connect(db_path, isolation_level=None)
+            try:
+                assert await held.entered()
+                claim.cancel()
+                held.gate.set()
+                other.execute("PRAGMA busy_timeout = 10000")
+                other.execute("BEGIN IMMEDIATE")
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error", RuntimeWarning)
+                    with pytest.raises(asyncio.CancelledError):
+                        await asyncio.wait_for(claim, CALL_TIMEOUT)
+            finally:
+                with contextlib.suppress(sqlite3.Error):
+                    other.execute("ROLLBACK")
+                other.close()
+            assert claim.cancelled()
+            assert len(reported) == 1
+            assert str(run.id) in reported[0]["message"]
+            assert "queue them again with: UPDATE runs" in reported[0]["message"]
+    finally:
+        loop.set_exception_handler(None)
