@@ -36,7 +36,6 @@ if sys.platform != "win32":
 
 import msgspec
 
-from . import _codec, _sqlite
 from ._show import counted
 from ._store import Store
 from .errors import ControlError, CorruptRowError
@@ -653,11 +652,9 @@ async def requeue_stranded(store: Store, runs: Sequence[Run]) -> int:
     is gone (run_fleet ends them all before it returns or raises): nobody works on them now.
     README's recipe for the runs of a dead scheduler, with its guard, on the demo's own runs
     only. Returns how many it queued."""
-    backend = store._backend  # the demo is part of the package: the backend is its own
-    if backend is None or not runs:
+    if not runs:
         return 0
-    # A cancelled claim's give-back: the same guarded UPDATE, on the demo's runs.
-    return await backend.write(_sqlite.GiveBack([_codec.uuid_text(run.id) for run in runs]))
+    return await store.release_runs(run.id for run in runs)
 
 
 async def held_runs(store: Store, runs: Sequence[Run]) -> int:

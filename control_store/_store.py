@@ -623,6 +623,26 @@ class Store:
         op = partial(_sqlite.op_claim_runs, count)
         return await backend.write(op, small=count <= _SMALL_BATCH, undo=_sqlite.release_claimed)
 
+    async def release_runs(self, run_ids: Iterable[uuid.UUID]) -> int:
+        """Queue again runs this caller claimed and will not finish (a scheduler shutting down,
+        a task cancelled after its claim returned); return how many were given back.
+
+        One transaction, the same guarded UPDATE a cancelled claim's give-back runs: only a
+        run still ``running`` goes back to ``queued``, in its place by ``created_at``; a run
+        done meanwhile (its workers outlived the claim), or queued, is left as it is. Only
+        for runs this caller holds: a run given back while another scheduler works on it
+        would be handed to two schedulers.
+        """
+        backend = self._writable("release_runs")
+        if backend.unmigrated is not None:
+            await backend.refuse_unmigrated()
+        _check_batch(run_ids, what="run_ids", item=uuid.UUID, single="wrap a single id in a list")
+        keys = list(dict.fromkeys(_id(run_id, what="run_id") for run_id in run_ids))
+        if not keys:
+            backend.admit()
+            return 0
+        return await backend.write(_sqlite.GiveBack(keys))
+
     async def record_job_outcomes(
         self, run_id: uuid.UUID, outcomes: Iterable[JobOutcome]
     ) -> list[bool]:
