@@ -457,48 +457,64 @@ async def test_a_give_back_queued_behind_a_group_survives_a_shutdown_cancelling_
         assert await store.check() == []
 
 
+@pytest.mark.parametrize("as_errors", [False, True], ids=["warned", "warnings-are-errors"])
 async def test_a_claim_whose_give_back_fails_says_which_runs_stay_running(
-    db_path: Path,
+    db_path: Path, as_errors: bool
 ) -> None:
     """A cancelled claim whose give-back cannot take the write lock (another process holds it
-    past busy_timeout, and keeps it) warns, naming the runs left running and the repair."""
-    async with Store.connect(db_path, busy_timeout=0.05) as store:
-        run = make_run()
-        await store.insert_run(run)
-        held = await _HeldClaim.on(store)
-        claim = asyncio.ensure_future(store.claim_next_run())
-        other = sqlite3.connect(db_path, isolation_level=None)
-        try:
-            assert await held.entered()
-            claim.cancel()
-            held.gate.set()
-            # The claim commits; then the other process takes the lock before the give-back.
-            other.execute("PRAGMA busy_timeout = 10000")
-            other.execute("BEGIN IMMEDIATE")
-            with (
-                pytest.warns(RuntimeWarning, match=str(run.id)) as warned,
-                pytest.raises(asyncio.CancelledError),
-            ):
-                await asyncio.wait_for(claim, CALL_TIMEOUT)
-        finally:
-            with contextlib.suppress(sqlite3.Error):
-                other.execute("ROLLBACK")
-            other.close()
-        message = str(warned[0].message)
-        assert "DatabaseBusyError: the write lock could not be taken within busy_timeout" in message
-        # The cancelled call has nothing to retry: the busy error's own advice is left out.
-        assert "retry" not in message
-        assert "larger busy_timeout" not in message
-        assert _statuses(store) == {RunStatus.RUNNING.value: 1}
-        # The one fix it gives, run as printed, queues the run again.
-        repair = message.split("queue them again with: ", 1)[1]
-        with raw_db(db_path) as conn:
-            conn.execute(repair)
-        assert _statuses(store) == {RunStatus.QUEUED.value: 1}
-        claimed = await store.claim_next_run()
-        assert claimed is not None
-        assert claimed.id == run.id
-        assert await store.check() == []
+    past busy_timeout, and keeps it) warns, naming the runs left running and the repair, and
+    ends cancelled. Where warnings are errors (this suite's own filterwarnings = error), the
+    raised warning must not take the cancellation's place: its message goes to the loop's
+    exception handler instead."""
+    reported: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        async with Store.connect(db_path, busy_timeout=0.05) as store:
+            run = make_run()
+            await store.insert_run(run)
+            held = await _HeldClaim.on(store)
+            claim = asyncio.ensure_future(store.claim_next_run())
+            other = sqlite3.connect(db_path, isolation_level=None)
+            try:
+                assert await held.entered()
+                claim.cancel()
+                held.gate.set()
+                # The claim commits; then the other process takes the lock before the give-back.
+                other.execute("PRAGMA busy_timeout = 10000")
+                other.execute("BEGIN IMMEDIATE")
+                with warnings.catch_warnings(record=True) as warned:
+                    warnings.simplefilter("error" if as_errors else "always", RuntimeWarning)
+                    with pytest.raises(asyncio.CancelledError):
+                        await asyncio.wait_for(claim, CALL_TIMEOUT)
+            finally:
+                with contextlib.suppress(sqlite3.Error):
+                    other.execute("ROLLBACK")
+                other.close()
+            assert claim.cancelled()
+            messages = [str(w.message) for w in warned] + [c["message"] for c in reported]
+            assert len(messages) == 1
+            assert (len(reported) == 1) is as_errors
+            (message,) = messages
+            assert str(run.id) in message
+            assert "DatabaseBusyError: the write lock could not be taken within busy_timeout" in (
+                message
+            )
+            # The cancelled call has nothing to retry: the busy error's own advice is left out.
+            assert "retry" not in message
+            assert "larger busy_timeout" not in message
+            assert _statuses(store) == {RunStatus.RUNNING.value: 1}
+            # The one fix it gives, run as printed, queues the run again.
+            repair = message.split("queue them again with: ", 1)[1]
+            with raw_db(db_path) as conn:
+                conn.execute(repair)
+            assert _statuses(store) == {RunStatus.QUEUED.value: 1}
+            claimed = await store.claim_next_run()
+            assert claimed is not None
+            assert claimed.id == run.id
+            assert await store.check() == []
+    finally:
+        loop.set_exception_handler(None)
 
 
 class _HeldStatements:
@@ -848,41 +864,3 @@ async def test_a_read_cancelled_while_queued_never_runs(db_path: Path) -> None:
                         await read
             assert await store.get_job(run.id) is None  # the store carries on
         assert [sql for sql in statements if "FROM jobs WHERE id" not in sql] == [], statements
-
-
-async def test_a_failed_give_back_under_warnings_as_errors_still_ends_cancelled(
-    db_path: Path,
-) -> None:
-    """With warnings turned into errors (this suite's own filterwarnings = error), a cancelled
-    claim whose give-back fails still ends cancelled: the RuntimeWarning, raised, must not take
-    the cancellation's place. Its message goes to the loop's exception handler instead."""
-    reported: list[dict[str, Any]] = []
-    loop = asyncio.get_running_loop()
-    loop.set_exception_handler(lambda _loop, context: reported.append(context))
-    try:
-        async with Store.connect(db_path, busy_timeout=0.05) as store:
-            run = make_run()
-            await store.insert_run(run)
-            held = await _HeldClaim.on(store)
-            claim = asyncio.ensure_future(store.claim_next_run())
-            other = sqlite3.connect(db_path, isolation_level=None)
-            try:
-                assert await held.entered()
-                claim.cancel()
-                held.gate.set()
-                other.execute("PRAGMA busy_timeout = 10000")
-                other.execute("BEGIN IMMEDIATE")
-                with warnings.catch_warnings():
-                    warnings.simplefilter("error", RuntimeWarning)
-                    with pytest.raises(asyncio.CancelledError):
-                        await asyncio.wait_for(claim, CALL_TIMEOUT)
-            finally:
-                with contextlib.suppress(sqlite3.Error):
-                    other.execute("ROLLBACK")
-                other.close()
-            assert claim.cancelled()
-            assert len(reported) == 1
-            assert str(run.id) in reported[0]["message"]
-            assert "queue them again with: UPDATE runs" in reported[0]["message"]
-    finally:
-        loop.set_exception_handler(None)

@@ -17,6 +17,7 @@ import copy
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import pytest
 
@@ -36,6 +37,7 @@ from control_store import (
 
 from conftest import group_in_flight, make_jobs, make_run
 
+T = TypeVar("T")
 RETRY_WITH_NEW = "a retry must pass a new iterable of the same jobs"
 
 # One-shot iterables of jobs, by their type's name: each is consumed by one reading.
@@ -264,11 +266,24 @@ async def test_a_collection_read_by_a_failed_insert_is_not_called_consumed(
 RETRY_OUTCOMES = "a retry must pass a new iterable of the same outcomes"
 
 
-async def test_record_job_outcomes_of_a_generator_says_it_was_consumed(db_path: Path) -> None:
+# One-shot batches of outcomes, by the name the error gives them: a generator, and an
+# iterable that is no iterator but reads a shared source (_Feed, below).
+ONE_SHOT_OUTCOMES: dict[str, Callable[[list[JobOutcome]], Iterable[JobOutcome]]] = {
+    "generator": lambda outcomes: (o for o in outcomes),
+    "_Feed": lambda outcomes: _Feed(outcomes),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ONE_SHOT_OUTCOMES))
+async def test_record_job_outcomes_of_a_one_shot_batch_says_it_was_consumed(
+    db_path: Path, kind: str
+) -> None:
     """record_job_outcomes reads its whole batch before it writes: when the write then fails
-    (here a lock held past busy_timeout, retryable), the error says the generator was consumed
-    and the retry needs a new one, which records every outcome; the same batch as a list gets
-    no such note, and retrying with the list itself works."""
+    (here a lock held past busy_timeout, retryable), the error says the generator (or a
+    single-pass iterable that is no iterator) was consumed and the retry needs a new one,
+    which records every outcome (the consumed one would record nothing and return []); the
+    same batch as a list gets no such note, and retrying with the list itself works."""
+    one_shot = ONE_SHOT_OUTCOMES[kind]
     async with Store.connect(db_path, busy_timeout=0.05) as store:
         run = make_run(job_count=3)
         await store.insert_run(run)
@@ -278,19 +293,19 @@ async def test_record_job_outcomes_of_a_generator_says_it_was_consumed(db_path: 
         other = sqlite3.connect(db_path, isolation_level=None)
         try:
             other.execute("BEGIN IMMEDIATE")
-            with pytest.raises(DatabaseBusyError) as from_generator:
-                await store.record_job_outcomes(run.id, (o for o in outcomes))
+            with pytest.raises(DatabaseBusyError) as from_one_shot:
+                await store.record_job_outcomes(run.id, one_shot(outcomes))
             with pytest.raises(DatabaseBusyError) as from_list:
                 await store.record_job_outcomes(run.id, outcomes)
         finally:
             other.execute("ROLLBACK")
             other.close()
-        assert from_generator.value.retryable
-        assert "one-shot iterable (generator)" in str(from_generator.value)
-        assert RETRY_OUTCOMES in str(from_generator.value)
-        assert isinstance(from_generator.value.__cause__, sqlite3.Error)
+        assert from_one_shot.value.retryable
+        assert f"one-shot iterable ({kind})" in str(from_one_shot.value)
+        assert RETRY_OUTCOMES in str(from_one_shot.value)
+        assert isinstance(from_one_shot.value.__cause__, sqlite3.Error)
         assert RETRY_OUTCOMES not in str(from_list.value)
-        assert await store.record_job_outcomes(run.id, (o for o in outcomes)) == [True] * 3
+        assert await store.record_job_outcomes(run.id, one_shot(outcomes)) == [True] * 3
         assert await store.record_job_outcomes(run.id, outcomes) == [False] * 3
 
 
@@ -322,14 +337,14 @@ async def test_record_job_outcomes_refusing_an_item_of_a_generator_says_it_was_c
     assert (await store.get_run(run.id)) == run  # nothing recorded by either
 
 
-class _Feed:
+class _Feed(Generic[T]):
     """A single-pass iterable that is not an iterator: its ``__iter__`` is a generator over one
     shared source (a file, a queue, a cursor), so each iter() goes on where the last stopped."""
 
-    def __init__(self, items: Iterable[object]) -> None:
+    def __init__(self, items: Iterable[T]) -> None:
         self._source = iter(items)
 
-    def __iter__(self) -> Iterator[object]:
+    def __iter__(self) -> Iterator[T]:
         yield from self._source
 
 
@@ -345,37 +360,12 @@ async def test_a_single_pass_iterable_that_is_no_iterator_is_told_it_was_consume
     feed = _Feed(jobs)
     await _nearly_full(store, 0)
     with pytest.raises(StorageError) as caught:
-        await store.insert_jobs(feed)  # type: ignore[arg-type]
+        await store.insert_jobs(feed)
     assert "one-shot iterable (_Feed)" in str(caught.value)
     assert RETRY_WITH_NEW in str(caught.value)
     await _unlimited(store)
-    await store.insert_jobs(_Feed(jobs))  # type: ignore[arg-type]
+    await store.insert_jobs(_Feed(jobs))
     assert await store.list_jobs(run.id) == jobs
-
-
-async def test_record_job_outcomes_of_a_single_pass_iterable_says_it_was_consumed(
-    db_path: Path,
-) -> None:
-    """record_job_outcomes reads a single-pass iterable that is no iterator whole before a
-    write refused by a lock: the error says it was consumed (a retry with it records nothing
-    and returns [])."""
-    async with Store.connect(db_path, busy_timeout=0.05) as store:
-        run = make_run(job_count=3)
-        await store.insert_run(run)
-        jobs = make_jobs(run)
-        await store.insert_jobs(jobs)
-        outcomes = [JobOutcome(job.id, score=1.0) for job in jobs]
-        other = sqlite3.connect(db_path, isolation_level=None)
-        try:
-            other.execute("BEGIN IMMEDIATE")
-            with pytest.raises(DatabaseBusyError) as caught:
-                await store.record_job_outcomes(run.id, _Feed(outcomes))  # type: ignore[arg-type]
-        finally:
-            other.execute("ROLLBACK")
-            other.close()
-        assert "one-shot iterable (_Feed)" in str(caught.value)
-        assert RETRY_OUTCOMES in str(caught.value)
-        assert await store.record_job_outcomes(run.id, _Feed(outcomes)) == [True] * 3  # type: ignore[arg-type]
 
 
 class _Progress:
