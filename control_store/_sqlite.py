@@ -4606,15 +4606,41 @@ class SqliteBackend:
             raise op.told(value)
         raise value
 
-    async def _give_back_or_warn(self, back: GiveBack | None) -> None:
-        """Run a cancelled claim's give-back. If that fails (another process holding the write
-        lock past busy_timeout, a full disk), its runs stay running with no one to work on
-        them, which only a person can repair: warn, naming them and the repair. The caller's
-        cancellation goes on either way."""
+    async def release(self, back: GiveBack) -> int:
+        """Run Store.release_runs's give-back: as write() would, but never withdrawn. A caller
+        cancelled at any point waits for it to end (as a cancelled claim waits for its own
+        give-back), so a cancelled release_runs has given its runs back, or warned that it could
+        not: its caller cannot ask the store, where 'running' is both a run not given back and
+        one given back and claimed by another scheduler since, and releasing it again would
+        hand that run to two schedulers."""
+        self.admit()
+        future = self._queue_give_back(back)
+        try:
+            ok, value = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            await self._give_back_or_warn(back, future, what="release_runs was cancelled")
+            raise
+        if not ok:
+            raise value
+        return cast(int, value)
+
+    async def _give_back_or_warn(
+        self,
+        back: GiveBack | None,
+        queued: asyncio.Future[tuple[bool, Any]] | None = None,
+        *,
+        what: str = "a claim was cancelled after it committed",
+    ) -> None:
+        """Run a cancelled claim's give-back (or wait out ``queued``, one already queued). If
+        that fails (another process holding the write lock past busy_timeout, a full disk), its
+        runs stay running with no one to work on them, which only a person can repair: warn,
+        naming them and the repair. The caller's cancellation goes on either way."""
         if back is None:
             return
         try:
-            ok, value = await _wait_out(self._queue_give_back(back))
+            if queued is None:
+                queued = self._queue_give_back(back)
+            ok, value = await _wait_out(queued)
             if not ok:
                 raise value
         except ControlError as exc:
@@ -4622,7 +4648,7 @@ class SqliteBackend:
             # busy_timeout"): the call was cancelled, nothing retries it, and only the UPDATE
             # below puts the runs back.
             message = (
-                f"a claim was cancelled after it committed, and giving its runs back failed "
+                f"{what}, and giving its runs back failed "
                 f"({_what_failed(exc, busy_timeout=self._worker.busy_timeout)}); runs "
                 f"{', '.join(back.ids)} stay 'running' with no scheduler working on them: once "
                 f"{self._database} takes writes again, from a client that waits for the write "

@@ -69,12 +69,15 @@ _INT64_MAX = 2**63 - 1
 _PLAIN_BATCHES = frozenset({list, tuple})
 
 
-def _check_batch(value: object, *, what: str, item: type[object], single: str) -> None:
+def _check_batch(
+    value: object, *, what: str, item: type[object], single: str, nothing: str = "stored"
+) -> None:
     """Refuse a batch argument ``what`` that is not an iterable of ``item``s.
 
     One ``item`` is not a batch of them, nor is a str or bytes: an iterable, but of characters
     or ints, each of which would be refused as "expected a Job, got str: 'a'", blaming an item
-    the caller never made. ``single``: the fix for one item.
+    the caller never made. ``single``: the fix for one item; ``nothing``: what nothing was
+    ("stored", "given back").
     """
     if type(value) in _PLAIN_BATCHES:  # the common case: a batch, whatever it holds
         return
@@ -84,12 +87,12 @@ def _check_batch(value: object, *, what: str, item: type[object], single: str) -
     if any(is_a(value, kind) for kind in (str, bytes, bytearray, memoryview)):
         raise InvalidInputError(
             f"{what} must be an iterable of {name}, got a {typed(value)}, which iterates over "
-            f"its characters (or bytes); nothing was stored: pass a list of {name}"
+            f"its characters (or bytes); nothing was {nothing}: pass a list of {name}"
         )
     if is_a(value, item) or not is_a(value, Iterable):
         raise InvalidInputError(
             f"{what} must be an iterable of {name}, got {type(value).__name__}; nothing was "
-            f"stored: {_not_iterable_fix(value, item, single)}"
+            f"{nothing}: {_not_iterable_fix(value, item, single)}"
         )
 
 
@@ -104,6 +107,8 @@ def _not_iterable_fix(value: object, item: type[object], single: str) -> str:
         return "await it first: this is a coroutine or other awaitable, not the items"
     if is_a(value, item):
         return single
+    if item is uuid.UUID and is_a(value, Run):
+        return "pass [run.id]: a list of the runs' ids, not a Run"
     return f"pass a list (or any iterable) of {item.__name__}"
 
 
@@ -634,14 +639,29 @@ class Store:
         would be handed to two schedulers.
         """
         backend = self._writable("release_runs")
+        # Before the ids are read: a call refused from another loop or process, or on a closing
+        # store, must leave the caller's generator as it was, for the retry it is told.
+        backend.admit()
         if backend.unmigrated is not None:
             await backend.refuse_unmigrated()
-        _check_batch(run_ids, what="run_ids", item=uuid.UUID, single="wrap a single id in a list")
-        keys = list(dict.fromkeys(_id(run_id, what="run_id") for run_id in run_ids))
-        if not keys:
-            backend.admit()
-            return 0
-        return await backend.write(_sqlite.GiveBack(keys))
+        _check_batch(
+            run_ids,
+            what="run_ids",
+            item=uuid.UUID,
+            single="wrap a single id in a list",
+            nothing="given back",
+        )
+        one_shot = type(run_ids) not in _PLAIN_BATCHES and _sqlite.one_shot(run_ids)
+        try:
+            keys = list(dict.fromkeys(_id(run_id, what="run_id") for run_id in run_ids))
+            if not keys:
+                return 0
+            return await backend.release(_sqlite.GiveBack(keys))
+        except ControlError as exc:
+            if not one_shot:
+                raise
+            told = _sqlite.consumed(exc, type(run_ids).__name__, items="run ids", verb="give back")
+        raise told from told.__cause__
 
     async def record_job_outcomes(
         self, run_id: uuid.UUID, outcomes: Iterable[JobOutcome]
