@@ -230,7 +230,11 @@ def pending(
             raise MigrationChangedError(
                 f"migration {row.version} ({row.description}) of {database} was applied with a "
                 f"different checksum than {mine.path.name} has now; applied migrations must "
-                "never be edited: restore the file and put the change in a new migration"
+                "never be edited: restore the file and put the change in a new migration; if "
+                f"the file is as this release shipped it, the row's checksum cell was edited "
+                f"instead: write back this release's checksum (UPDATE {TRACKING_TABLE} SET "
+                f"checksum = X'{mine.checksum.hex()}' WHERE version = {row.version}) if the "
+                "schema is as the migration makes it, or restore the database from a backup"
             )
         done.add(row.version)
     # Migrations are applied in order, each with its row: a known one without a row below one

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from control_store._sqlite import INSERT_JOB, INSERT_RUN
 from conftest import (
     NEXT_VERSION,
     SHIPPED,
+    assert_sound,
     follow_advice,
     make_jobs,
     make_run,
@@ -367,6 +369,29 @@ async def test_a_history_it_cannot_vouch_for_is_refused_before_the_file_changes(
     assert sorted(p.name for p in db_path.parent.iterdir()) == [db_path.name]
 
 
+async def test_a_checksum_cell_edited_to_another_sha384_gives_the_update_that_restores_it(
+    db_path: Path,
+) -> None:
+    """A checksum cell given another 48-byte value (another row's, say) cannot be told from an
+    edited file: the error must give the cell's repair too, not only "restore the file"."""
+    async with Store.connect(db_path):
+        pass
+    mine = {m.version: m.checksum for m in load_migrations("sqlite")}
+    with raw_db(db_path) as conn:
+        conn.execute(
+            f"UPDATE {TRACKING} SET checksum = (SELECT checksum FROM {TRACKING} WHERE version = 1)"
+            " WHERE version = 2"
+        )
+    with pytest.raises(MigrationChangedError) as caught:
+        await Store.connect(db_path)
+    repair = f"UPDATE {TRACKING} SET checksum = X'{mine[2].hex()}' WHERE version = 2"
+    assert repair in str(caught.value)
+    with raw_db(db_path) as conn:
+        conn.execute(repair)
+    async with Store.connect(db_path) as store:
+        assert await store.check() == []
+
+
 @pytest.mark.parametrize("blob", ["x'00'", "zeroblob(32)", "x''"])
 async def test_a_checksum_cell_that_is_no_sha384_is_a_corrupt_row_with_its_repair(
     db_path: Path, blob: str
@@ -503,8 +528,8 @@ def test_processes_migrating_one_fresh_file_apply_each_migration_once(tmp_path: 
     rows = tracking_rows(path)
     assert [r[0] for r in rows] == [m.version for m in load_migrations("sqlite")]
     with raw_db(path) as conn:
-        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    asyncio.run(assert_sound(path))  # SQLite's integrity check, then store.check()
 
 
 async def test_a_failing_migration_applies_nothing_of_itself(
