@@ -2997,7 +2997,9 @@ _RESTORE: Final = (
     "files before copying the backup in: SQLite applies a -wal it finds beside the path, as a "
     "killed process leaves one, to whatever file is there, and a sound backup then reads as "
     "damaged too); without one, the sqlite3 shell's .recover command copies what is still "
-    "readable into a new database"
+    "readable into a new database (a shell built without SQLITE_ENABLE_DBPAGE_VTAB, as "
+    'Debian 12\'s is, fails it with "SQL logic error": there, sqlite3 damaged.db .dump | '
+    "sqlite3 new.db copies the tables it can read)"
 )
 
 
