@@ -95,6 +95,7 @@ def stress(session: nox.Session) -> None:
         "tests/test_cancellation.py",
         "tests/test_faults.py",
         "tests/test_hostile_rows.py",
+        "tests/test_codec.py",  # its hypothesis tests are sized(300, 2000) too
         "tests/test_model.py",
         *session.posargs,
         env={"CONTROL_STORE_STRESS": "1"},
