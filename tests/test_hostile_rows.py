@@ -29,6 +29,7 @@ COLUMNS = [
     ("runs", "status"),
     ("runs", "created_at"),
     ("runs", "done_count"),
+    ("runs", "job_rows"),
     ("jobs", "id"),
     ("jobs", "run_id"),
     ("jobs", "spec"),
@@ -123,12 +124,14 @@ async def _scenario(table: str, column: str, bad: Hostile) -> None:
         # surely reach the damaged row, so an unreadable value must make them fail.
         reads: list[tuple[Callable[[], Awaitable[object]], bool]] = [(store.list_runs, False)]
         if table == "runs":
+            # job_rows is no field of a Run: no read of a run reaches it (insert_jobs does).
+            of_run = column != "job_rows"
             reads = [
-                (store.list_runs, True),
-                (lambda: store.get_run(run.id), column != "id"),
+                (store.list_runs, of_run),
+                (lambda: store.get_run(run.id), of_run and column != "id"),
                 # A refused claim rolls back, so the claim after it still reaches the row.
-                (lambda: store.claim_runs(5), column != "status"),
-                (store.claim_next_run, column != "status"),
+                (lambda: store.claim_runs(5), of_run and column != "status"),
+                (store.claim_next_run, of_run and column != "status"),
             ]
         else:
             reads += [
@@ -146,10 +149,16 @@ async def _scenario(table: str, column: str, bad: Hostile) -> None:
         problems = await store.check()
         if must_fail:
             assert any(p.table == table and p.row_id == row_id for p in problems), problems
-        # Records touch the row: any outcome, as long as it is a ControlError; a CorruptRowError
-        # names a cell (the damaged one, or a job whose run the damage cut off).
-        for job in jobs:
-            error = await _error_of(store.record_job_outcome(run.id, JobOutcome(job.id)))
+        # Records (and, for job_rows, an insert past the run's job_count) touch the row: any
+        # outcome, as long as it is a ControlError; a CorruptRowError names a cell (the
+        # damaged one, or a job whose run the damage cut off).
+        calls: list[Awaitable[object]] = [
+            store.record_job_outcome(run.id, JobOutcome(job.id)) for job in jobs
+        ]
+        if column == "job_rows":
+            calls.append(store.insert_jobs(make_jobs(run, 1)))
+        for call in calls:
+            error = await _error_of(call)
             assert error is None or isinstance(error, ControlError), repr(error)
             if isinstance(error, CorruptRowError):
                 assert f"{error.table}.{error.column} of row {error.row_id} holds" in str(error)

@@ -18,7 +18,7 @@ import pytest
 
 from control_store import JobOutcome, RunStatus, Store
 
-from conftest import Worker, make_jobs, make_run, raw_db
+from conftest import Worker, assert_sound, make_jobs, make_run, raw_db
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ async def test_runs_of_a_killed_scheduler_are_queued_again_by_the_readme_update(
         assert again.id == stranded.id
         assert await store.claim_next_run() is None
         assert await store.record_job_outcome(stranded.id, JobOutcome(stranded_jobs[0].id))
-        assert await store.check() == []
+    await assert_sound(db_path)
 
 
 # The README's recipe for a run whose submitter died between insert_run and insert_jobs.
