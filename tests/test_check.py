@@ -1736,6 +1736,4 @@ async def test_restoring_a_backup_as_damage_findings_say_leaves_a_sound_file(
 def test_the_restore_advice_names_a_way_that_works_without_the_dbpage_table() -> None:
     """.recover needs sqlite_dbpage, which Debian 12's shell lacks (README): the finding must
     give the .dump fallback the README gives, not only the command that fails there."""
-    from control_store import _sqlite
-
     assert ".dump | sqlite3 new.db" in _sqlite._RESTORE
