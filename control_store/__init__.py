@@ -88,7 +88,7 @@ _HOMES = {  # no annotation: it would show in help(control_store)
     ),
 }  # and every error: .errors
 # The public submodules, attributes of the package as they were when it imported them eagerly:
-# `import control_store` then `control_store.models.new_run_id()` (README, "Ids").
+# `import control_store` then `control_store.models.new_run_id()` (README, "API").
 _SUBMODULES = frozenset({"errors", "models"})
 
 if not TYPE_CHECKING:  # to a type checker, the imports above are the names

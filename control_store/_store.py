@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import os
 import uuid
+import warnings
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -225,7 +226,7 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
     ``await``, and each task made of it, opens a store of its own.
     """
 
-    __slots__ = ("_entered", "_options", "_running", "_url")
+    __slots__ = ("_entered", "_options", "_running", "_url", "_used")
 
     def __init__(self, url: str | os.PathLike[str], options: dict[str, Any]) -> None:
         self._url = url
@@ -240,6 +241,30 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
         # of the same Store.connect(...) stepped the first one's, or one that had finished
         # ("cannot reuse already awaited coroutine").
         self._running: dict[asyncio.Task[Any] | None, Coroutine[Any, Any, Store]] = {}
+        # Whether it was ever awaited, run, entered or closed: one dropped unused is a
+        # forgotten await (a bare `Store.connect(url)` statement), which a coroutine warns of.
+        self._used = False
+
+    def __del__(
+        self,
+        _warn: Callable[..., None] = warnings.warn,
+        _shown: Callable[[object], str] = shown,
+        _memory: str = _sqlite.MEMORY_URL,
+    ) -> None:
+        # _warn, _shown and _memory are bound at definition: at interpreter exit this module's
+        # globals may be gone (None) before this runs (see SqliteBackend.__del__).
+        if getattr(self, "_used", True):
+            return
+        made = (
+            "Store.in_memory()" if self._url is _memory else f"Store.connect({_shown(self._url)})"
+        )
+        _warn(
+            f"{made} was never awaited, so no store was opened: use store = await "
+            "Store.connect(url), or async with Store.connect(url) as store",
+            RuntimeWarning,
+            stacklevel=2,
+            source=self,
+        )
 
     async def _open(self) -> Store:
         options = _sqlite.parse_options(self._options)
@@ -247,6 +272,7 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
         return Store(backend)
 
     def __await__(self) -> Generator[Any, None, Store]:
+        self._used = True
         return self._open().__await__()
 
     if not TYPE_CHECKING:  # to a type checker, a store's method on this is the error it is
@@ -264,9 +290,11 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
                 "Store.connect(url), or async with Store.connect(url) as store"
             )
             error.name, error.obj = name, self
+            self._used = True  # the forgotten await is told here, not again when it is dropped
             raise error
 
     def _step(self, step: Callable[[Coroutine[Any, Any, Store]], Any]) -> Any:
+        self._used = True
         task = _current_task()
         running = self._running.get(task)
         if running is None:
@@ -284,11 +312,13 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
         return self._step(lambda running: running.throw(*args))
 
     def close(self) -> None:
+        self._used = True  # as a coroutine closed unstarted: no warning
         running = self._running.pop(_current_task(), None)
         if running is not None:
             running.close()
 
     async def __aenter__(self) -> Store:
+        self._used = True
         store = await self._open()
         self._entered.append((asyncio.current_task(), store))
         return store
@@ -314,7 +344,7 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
 
 class ConnectOptions(TypedDict, total=False):
     """The keyword options of ``Store.connect`` and ``Store.in_memory``, as a type checker
-    sees them (README, "Options"), and the type of a dict of them passed as ``**options``.
+    sees them (README, "Connecting"), and the type of a dict of them passed as ``**options``.
 
     Every value is still checked when the store connects (a wrong one, or an unknown name, is
     a ``ConfigurationError``): this lets ``mypy`` see a misspelt option or a wrong type first.

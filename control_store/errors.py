@@ -106,7 +106,7 @@ class ConfigurationError(ControlError):
 
 class InvalidInputError(ControlError, ValueError):
     """A value passed in cannot be stored faithfully, or an argument of a read is out of its
-    range (a negative ``limit``, a ``page_size`` of 0, a status that is none); nothing was
+    range (a negative ``limit``, a ``page_size`` of 0, a status that is no RunStatus); nothing was
     written."""
 
 

@@ -10,7 +10,7 @@ import os
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import NewType
+from typing import TYPE_CHECKING, ClassVar, NewType
 
 import msgspec
 
@@ -41,7 +41,7 @@ def _uuid7() -> uuid.UUID:
 
     Ids made later sort later, as UUIDs and as the canonical text the store keeps, so a store's
     primary-key indexes grow at their end instead of at a random page: on a file of 1.2M jobs,
-    `insert_jobs` keeps the rate it has on an empty one (README, "Ids"). Made in the same ~244 ns
+    `insert_jobs` keeps the rate it has on an empty one (README, "API"). Made in the same ~244 ns
     tick, two ids are in random order; 62 random bits a tick keep them apart."""
     ms, ns = divmod(time.time_ns(), 1_000_000)
     tick = ns * 4096 // 1_000_000
@@ -113,6 +113,12 @@ class Run(_RunFields, frozen=True, kw_only=True):
     status: RunStatus = RunStatus.QUEUED
     created_at: datetime = msgspec.field(default_factory=utc_now)
     done_count: int = 0
+
+    if TYPE_CHECKING:
+        # hash(run) raises TypeError (its models are a list): a type checker that knows it
+        # (pyright's reportUnhashable) refuses a run as a dict key or a set member, which only
+        # fails once run. Key runs by run.id (README, "API").
+        __hash__: ClassVar[None]  # type: ignore[assignment]
 
 
 class _JobFields(msgspec.Struct, frozen=True):

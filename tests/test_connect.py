@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import re
 import sqlite3
@@ -135,6 +136,26 @@ def test_a_store_method_on_a_connect_not_awaited_says_to_await_it(tmp_path: Path
             getattr(connecting, "no_such")  # noqa: B009
         assert not hasattr(connecting, "get_run")
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_connect_never_awaited_warns_as_a_coroutine_does(tmp_path: Path) -> None:
+    """A bare ``Store.connect(url)`` statement (its await forgotten) opens nothing; dropped, it
+    warns as a coroutine never awaited does (RuntimeWarning), where it was silent, and mypy
+    --strict and pyright do not flag it (it is no plain Coroutine). One awaited, entered, run
+    as a task or closed does not warn: the suite's warnings are errors."""
+    path = tmp_path / "x.db"
+    forgettings: list[tuple[Callable[[], object], str]] = [
+        (lambda: Store.connect(path), f"Store.connect({path!r})"),
+        (Store.in_memory, "Store.in_memory()"),
+    ]
+    for forgotten, named in forgettings:
+        with pytest.warns(RuntimeWarning, match=re.escape(f"{named} was never awaited")):
+            forgotten()  # dropped at once (CPython's reference counting)
+    assert not path.exists()
+    closed = Store.connect(path)
+    closed.close()  # as a coroutine closed before its first step: no warning
+    del closed
+    gc.collect()
 
 
 async def test_connect_is_awaitable_and_store_closes_with_async_with(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Hashable
 from pathlib import Path
 
 import pytest
@@ -121,8 +122,14 @@ def test_a_run_is_unhashable_and_the_other_models_hash() -> None:
     """As the README says: key runs by run.id, since hash(run) raises (its models are a list);
     a Job (its outcome too), an EvalJob and a JobOutcome hash, equal ones alike."""
     run = control_store.Run("m", ["a"], 1, 1)
+
+    def hashed(value: Hashable) -> int:
+        return hash(value)
+
+    # Unhashable to a type checker too (nox -s typecheck: mypy --strict fails on an unused
+    # ignore), so that pyright refuses {run: ...} and {run}, which else fail only when run.
     with pytest.raises(TypeError, match="unhashable"):
-        hash(run)
+        hashed(run)  # type: ignore[arg-type]
     outcome = control_store.JobOutcome(uuid.uuid4(), score=1.0)
     job = control_store.Job(run.id, control_store.EvalJob("a", "s", 0), outcome=outcome)
     for model in (job, job.spec, outcome):
@@ -192,3 +199,21 @@ def test_the_public_submodules_are_attributes_of_the_package_at_once() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert (done.returncode, done.stdout.split()) == (0, ["7", "ControlError", "True"]), done.stderr
+
+
+def test_every_readme_section_the_package_cites_is_a_heading_of_the_readme() -> None:
+    """A docstring or comment citing (README, "Name") sends its reader to a section of that
+    name: help(ConnectOptions) cited "Options", and new_run_id's "Ids", which no heading was."""
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    headings = {
+        m[1].strip("` ")
+        for m in re.finditer(r"^#{1,6} (.+)$", readme, re.M)
+        if not m[0].startswith("# ") or m.start() == 0  # a "# ..." line in code is no heading
+    }
+    cited: set[tuple[str, str]] = set()
+    for source in sorted(Path(control_store.__file__).parent.glob("*.py")):  # as installed
+        text = re.sub(r"\s+", " ", source.read_text(encoding="utf-8").replace("#", " "))
+        cited |= {(source.name, name) for name in re.findall(r'README, "([^"]+)"', text)}
+    assert cited
+    assert {(where, name) for where, name in cited if name not in headings} == set()
