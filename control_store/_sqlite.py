@@ -180,7 +180,7 @@ WHERE id = ? AND typeof(done_count) = 'integer' AND typeof(job_count) = 'integer
 # as in ADVANCE_RUN, only over counters that are integers.
 ADD_JOB_ROWS: Final = """
 UPDATE runs SET job_rows = job_rows + ?
-WHERE id = ? AND job_rows + ? <= job_count
+WHERE id = ? AND job_rows + ? <= job_count AND job_rows >= 0
     AND typeof(job_rows) = 'integer' AND typeof(job_count) = 'integer'
 """
 SELECT_JOB_ROWS: Final = "SELECT job_count, job_rows FROM runs WHERE id = ?"
@@ -2634,7 +2634,7 @@ def _within_job_count(
             left = room[run_id]
         except KeyError:
             found = conn.execute(SELECT_JOB_ROWS, (run_id,)).fetchone()
-            ints = found is not None and all(type(v) is int for v in found)
+            ints = found is not None and all(type(v) is int for v in found) and found[1] >= 0
             left = max(found[0] - found[1], 0) if ints else None
         if left is not None:
             # One past the room: refused, unless this job's id is taken (stored before, or
@@ -2931,6 +2931,8 @@ def _refuse_job_rows(run_id: str, added: int | None, conn: sqlite3.Connection) -
     for value, column in ((job_count, "job_count"), (job_rows, "job_rows")):
         if not isinstance(value, int):
             raise _codec.corrupt_row("runs", column, run_id, value, "expected an integer")
+    if job_rows < 0:  # a hand edit: counted from it, the run would take more than job_count
+        raise _codec.corrupt_row("runs", "job_rows", run_id, job_rows, "expected an integer >= 0")
     # No call changes a stored run's job_count: the fix is fewer jobs, or another run.
     room = max(job_count - job_rows, 0)
     fix = (
@@ -2999,7 +3001,9 @@ _RESTORE: Final = (
     "damaged too); without one, the sqlite3 shell's .recover command copies what is still "
     "readable into a new database (a shell built without SQLITE_ENABLE_DBPAGE_VTAB, as "
     'Debian 12\'s is, fails it with "SQL logic error": there, sqlite3 damaged.db .dump | '
-    "sqlite3 new.db copies the tables it can read)"
+    "sed '$s/^ROLLBACK; -- due to errors$/COMMIT;/' | sqlite3 new.db copies the rows it can "
+    "read; the shell ends the dump of a damaged table with ROLLBACK, so piped as it is, new.db "
+    "keeps nothing)"
 )
 
 

@@ -250,14 +250,16 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
         _warn: Callable[..., None] = warnings.warn,
         _shown: Callable[[object], str] = shown,
         _memory: str = _sqlite.MEMORY_URL,
+        _redact: Callable[[str], str] = _sqlite.redact,
     ) -> None:
         # _warn, _shown and _memory are bound at definition: at interpreter exit this module's
         # globals may be gone (None) before this runs (see SqliteBackend.__del__).
         if getattr(self, "_used", True):
             return
-        made = (
-            "Store.in_memory()" if self._url is _memory else f"Store.connect({_shown(self._url)})"
-        )
+        url = self._url
+        # A URL's password is shown as ***, as every error of the store shows it (README).
+        shown_url = _shown(_redact(url) if isinstance(url, str) else url)
+        made = "Store.in_memory()" if url is _memory else f"Store.connect({shown_url})"
         _warn(
             f"{made} was never awaited, so no store was opened: use store = await "
             "Store.connect(url), or async with Store.connect(url) as store",

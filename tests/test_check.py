@@ -1736,4 +1736,43 @@ async def test_restoring_a_backup_as_damage_findings_say_leaves_a_sound_file(
 def test_the_restore_advice_names_a_way_that_works_without_the_dbpage_table() -> None:
     """.recover needs sqlite_dbpage, which Debian 12's shell lacks (README): the finding must
     give the .dump fallback the README gives, not only the command that fails there."""
-    assert ".dump | sqlite3 new.db" in _sqlite._RESTORE
+    assert "sqlite3 damaged.db .dump | " in _sqlite._RESTORE
+
+
+@pytest.mark.skipif(shutil.which("sqlite3") is None, reason="no sqlite3 shell")
+async def test_the_dump_the_restore_advice_gives_keeps_what_a_damaged_file_still_holds(
+    tmp_path: Path,
+) -> None:
+    """Followed on a file with a damaged table page, the advice's .dump pipeline must copy the
+    rows still readable: the shell ends such a dump with ROLLBACK, which piped as it is into
+    sqlite3 new.db leaves new.db empty (and Store.connect then makes a fresh, empty store)."""
+    damaged = tmp_path / "damaged.db"
+    async with Store.connect(damaged) as store:
+        for _ in range(20):
+            run = make_run(job_count=20)
+            await store.insert_run(run, jobs=make_jobs(run))
+    raw = sqlite3.connect(damaged)
+    try:
+        leaves = [
+            n
+            for (n,) in raw.execute(
+                "SELECT pageno FROM dbstat WHERE name = 'jobs' AND pagetype = 'leaf'"
+                " ORDER BY pageno"
+            )
+        ]
+        (page_size,) = raw.execute("PRAGMA page_size").fetchone()
+    finally:
+        raw.close()
+    with damaged.open("r+b") as file:  # one of the jobs table's pages, overwritten
+        file.seek((leaves[len(leaves) // 2] - 1) * page_size)
+        file.write(b"\xff" * page_size)
+    assert await _check(damaged) != []
+    match = re.search(
+        r"there, (sqlite3 damaged\.db \.dump .*?\| sqlite3 new\.db)", _sqlite._RESTORE
+    )
+    assert match, _sqlite._RESTORE
+    # the advice's own words, as a user pastes them into a shell
+    pipeline = ["/bin/sh", "-c", match[1]]
+    await asyncio.to_thread(subprocess.run, pipeline, cwd=tmp_path, check=True)
+    async with Store.connect(tmp_path / "new.db") as store:
+        assert len(await store.list_runs()) == 20

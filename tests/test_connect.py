@@ -158,6 +158,14 @@ async def test_a_connect_never_awaited_warns_as_a_coroutine_does(tmp_path: Path)
     gc.collect()
 
 
+def test_a_connect_never_awaited_shows_no_password() -> None:
+    """The never-awaited warning shows a URL's password as ***, as the connect error does."""
+    with pytest.warns(RuntimeWarning, match="never awaited") as caught:
+        Store.connect("sqlite://user:s3cret@host/x.db")
+    assert [str(w.message).count("s3cret") for w in caught] == [0]
+    assert "user:***@" in str(caught[0].message)
+
+
 async def test_connect_is_awaitable_and_store_closes_with_async_with(tmp_path: Path) -> None:
     """`await Store.connect(...)` gives a store; `async with store` closes it."""
     store = await Store.connect(tmp_path / "a.db")

@@ -19,7 +19,7 @@ from control_store._codec import lenient_text
 from conftest import group_in_flight, make_jobs, make_run, raw_db, sized, stored_run
 
 # The integer columns and their smallest sound value; every other column holds text.
-INTEGER_MINIMUM = {"epochs": 1, "job_count": 0, "done_count": 0, "attempt": 0}
+INTEGER_MINIMUM = {"epochs": 1, "job_count": 0, "done_count": 0, "job_rows": 0, "attempt": 0}
 COLUMNS = [
     ("runs", "id"),
     ("runs", "manifest"),
@@ -186,6 +186,30 @@ def test_a_hand_edited_cell_is_reported_by_every_read_and_nothing_else_escapes(
         asyncio.run(_scenario(table, column, bad))
 
     check()
+
+
+@pytest.mark.parametrize("value", [2, 2.0, "2"], ids=["int", "float", "text"])
+async def test_a_job_rows_cell_set_to_what_it_holds_is_no_damage(value: object) -> None:
+    """job_rows is an integer column: the value it already holds (2, however bound) is sound,
+    and check() rightly finds nothing; the oracle must not call every int unreadable."""
+    await _scenario("runs", "job_rows", Hostile(value))
+
+
+@pytest.mark.parametrize("one_shot", [False, True], ids=["list", "iterator"])
+async def test_a_negative_job_rows_cell_gives_a_run_no_job_past_its_job_count(
+    one_shot: bool,
+) -> None:
+    """README: insert_jobs keeps job_rows "so a run is never given more jobs than its
+    job_count". A job_rows edited below 0 must be refused as the damaged cell it is, not
+    counted from: else a run of job_count 2 takes 5 jobs and ends done 5 of 2."""
+    async with Store.in_memory() as store:
+        run = make_run(job_count=2)
+        await store.insert_run(run, jobs=make_jobs(run))
+        await _corrupt(store, "runs", "job_rows", str(run.id), Hostile(-5))
+        extra = make_jobs(run, 3)
+        with pytest.raises(CorruptRowError, match=r"runs\.job_rows of row .* holds -5"):
+            await store.insert_jobs(iter(extra) if one_shot else extra)
+        assert len(await store.list_jobs(run.id)) == 2
 
 
 async def test_text_that_is_not_utf8_is_reported_by_every_read_path() -> None:
