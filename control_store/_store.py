@@ -252,7 +252,7 @@ class _Connecting(Coroutine[Any, Any, "Store"]):
         _memory: str = _sqlite.MEMORY_URL,
         _redact: Callable[[str], str] = _sqlite.redact,
     ) -> None:
-        # _warn, _shown and _memory are bound at definition: at interpreter exit this module's
+        # The defaults are bound at definition: at interpreter exit this module's
         # globals may be gone (None) before this runs (see SqliteBackend.__del__).
         if getattr(self, "_used", True):
             return
