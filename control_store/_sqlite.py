@@ -2692,6 +2692,8 @@ def one_shot(items: Iterable[Any]) -> bool:
     ``__contains__`` promises nothing: a progress bar over a generator (tqdm's) has both, and
     each iter() of it goes on with the generator."""
     kind = type(items)
+    if kind is list or kind is tuple:  # the common case, before the abstract classes' checks
+        return False
     if issubclass(kind, (Sequence, Set, Mapping, MappingView)):
         return False
     return Collection not in kind.__mro__

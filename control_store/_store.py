@@ -683,7 +683,7 @@ class Store:
             single="wrap a single id in a list",
             nothing="given back",
         )
-        one_shot = type(run_ids) not in _PLAIN_BATCHES and _sqlite.one_shot(run_ids)
+        one_shot = _sqlite.one_shot(run_ids)
         try:
             keys = list(dict.fromkeys(_id(run_id, what="run_id") for run_id in run_ids))
             if not keys:
@@ -724,7 +724,7 @@ class Store:
         # Encoded here, before the hop: a bad outcome anywhere fails the call with nothing sent.
         # That reads the whole batch: an iterator's every error from here on says it was
         # consumed (see _sqlite.consumed), or a retry with it would record nothing, and succeed.
-        one_shot = type(outcomes) not in _PLAIN_BATCHES and _sqlite.one_shot(outcomes)
+        one_shot = _sqlite.one_shot(outcomes)
         rows: list[tuple[str, str]] = []
         raised: Exception | None = None
         failed: ControlError | None = None
