@@ -70,23 +70,9 @@ __all__ = [
     "WrongRunError",
 ]
 
-_HOMES = {  # no annotation: it would show in help(control_store)
-    **dict.fromkeys(("ConnectOptions", "MigrationState", "Store"), "._store"),
-    **dict.fromkeys(
-        (
-            "EvalJob",
-            "Job",
-            "JobId",
-            "JobOutcome",
-            "JobStatus",
-            "Problem",
-            "Run",
-            "RunId",
-            "RunStatus",
-        ),
-        ".models",
-    ),
-}  # and every error: .errors
+# Where each name is: the module whose own __all__ holds it, lightest first, so that asking
+# for an error or a model never loads the store (asyncio, sqlite3).
+_HOMES = (".errors", ".models", "._store")
 # The public submodules, attributes of the package as they were when it imported them eagerly:
 # `import control_store` then `control_store.models.new_run_id()` (README, "API").
 _SUBMODULES = frozenset({"errors", "models"})
@@ -96,12 +82,14 @@ if not TYPE_CHECKING:  # to a type checker, the imports above are the names
     def __getattr__(name: str) -> object:
         if name in _SUBMODULES:
             return _importlib.import_module(f".{name}", __name__)  # sets the attribute itself
-        home = _HOMES.get(name, ".errors" if name in __all__ else None)
-        if home is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}", name=name)
-        value = getattr(_importlib.import_module(home, __name__), name)
-        globals()[name] = value  # asked once
-        return value
+        if name in __all__:
+            for home in _HOMES:
+                module = _importlib.import_module(home, __name__)
+                if name in module.__all__:
+                    value = getattr(module, name)
+                    globals()[name] = value  # asked once
+                    return value
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}", name=name)
 
 
 def __dir__() -> list[str]:

@@ -32,7 +32,7 @@ from .errors import (
 )
 from .models import Job, JobOutcome, Problem, Run, RunStatus
 
-__all__ = ["MigrationState", "Store"]
+__all__ = ["ConnectOptions", "MigrationState", "Store"]
 
 MigrationState = _sqlite.MigrationState
 
