@@ -14,7 +14,7 @@ import os
 import signal
 from types import FrameType
 
-_PROG = "control-store"
+PROG = "control-store"  # the command's name in its lines (cli.PROG)
 # Signals that stop a command as Ctrl-C does (the command's own handling: cli.STOP_SIGNALS).
 STOP_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
@@ -31,7 +31,7 @@ def interrupted(signum: int) -> str:
 
 
 def _stopped(signum: int, frame: FrameType | None) -> None:
-    line = f"{_PROG}: {interrupted(signum)} while starting; nothing was done\n"
+    line = f"{PROG}: {interrupted(signum)} while starting; nothing was done\n"
     # Not contextlib.suppress: contextlib costs 5 ms to import, in the window this narrows.
     try:  # noqa: SIM105
         os.write(2, line.encode())

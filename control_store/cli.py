@@ -56,7 +56,7 @@ if TYPE_CHECKING:  # the demo's module is imported only when the demo runs
 
     from ._demo import Check, DemoConfig, Snapshot
 
-PROG: Final = "control-store"
+PROG: Final = _launch.PROG
 URL_ENV: Final = "CONTROL_STORE_URL"
 DEFAULT_URL: Final = "sqlite://control.db"
 EXIT_OK: Final = 0
