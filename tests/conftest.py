@@ -421,14 +421,15 @@ async def first_job(store: Store, run: Run) -> Job | None:
 
 
 def one_call_of_each_kind(store: Store, run: Run) -> dict[str, Callable[[], Awaitable[object]]]:
-    """A read, a list, writes alone and grouped, a claim, a batch insert, an empty batch (sent
-    nowhere) and a walk's first page, each ready to be made on ``store`` (for tests of who may
-    call a store)."""
+    """A read, a list, writes alone and grouped, a claim, a release, a batch insert, an empty
+    batch (sent nowhere) and a walk's first page, each ready to be made on ``store`` (for tests
+    of who may call a store)."""
     return {
         "get_run": lambda: store.get_run(run.id),
         "list_runs": lambda: store.list_runs(),
         "insert_run": lambda: store.insert_run(make_run()),
         "claim_next_run": lambda: store.claim_next_run(),
+        "release_runs": lambda: store.release_runs([run.id]),
         "insert_jobs": lambda: store.insert_jobs(make_jobs(run, 2)),
         "empty record_job_outcomes": lambda: store.record_job_outcomes(run.id, []),
         "concurrent inserts": lambda: asyncio.gather(
