@@ -17,7 +17,7 @@ import stat
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +194,87 @@ async def test_a_file_size_limit_mid_write_is_a_storage_error_and_retry_succeeds
         assert await store.get_run(earlier.id) == earlier
         assert len(await store.list_jobs(uuid.UUID(run_id))) == 5_000
     await assert_sound(db_path)
+
+
+@contextlib.contextmanager
+def _small_disk(place: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``place`` (root only; skips elsewhere), unmounted after."""
+    mount_command, umount_command = shutil.which("mount"), shutil.which("umount")
+    if mount_command is None or umount_command is None:
+        pytest.skip("no mount command here")
+    place.mkdir()
+    mounted = subprocess.run(
+        [mount_command, "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(place)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip("no tmpfs mount here (it needs root)")
+    try:
+        yield place
+    finally:
+        subprocess.run([umount_command, "-l", str(place)], capture_output=True, check=False)
+
+
+def _fill(disk: Path) -> Path:
+    """Fill ``disk`` to its last byte with one file; delete that file to free the space."""
+    filler = disk / "filler"
+    with filler.open("ab") as out:
+        while True:
+            free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+            if free == 0:
+                return filler
+            try:
+                out.write(b"\0" * free)
+                out.flush()
+            except OSError:  # ENOSPC: what was written is the room there was
+                return filler
+
+
+async def test_a_real_full_disk_refuses_each_write_whole_and_keeps_what_was_acked(
+    tmp_path: Path,
+) -> None:
+    """A file system that is really full (ENOSPC from the kernel, not a page limit): each of
+    64 concurrent records, a claim and a new store's connect is a retryable StorageError that
+    says to free space, and changes nothing; a close() while full keeps every acknowledged
+    write; once space is freed, the retried records each count once."""
+    with _small_disk(tmp_path / "disk", "1m") as disk:
+        db = disk / "control.db"
+        store = await Store.connect(db)
+        run = make_run(job_count=64)
+        jobs = make_jobs(run)
+        await store.insert_run(run)
+        await store.insert_jobs(jobs)
+        assert await store.record_job_outcome(run.id, JobOutcome(jobs[0].id, score=1.0))
+        filler = await asyncio.to_thread(_fill, disk)
+        outcomes = [JobOutcome(job.id, score=0.5, output="x" * 2_000) for job in jobs]
+        results = await asyncio.gather(
+            *(store.record_job_outcome(run.id, outcome) for outcome in outcomes[1:]),
+            return_exceptions=True,
+        )
+        for result in results:
+            assert isinstance(result, StorageError), result
+            assert result.retryable
+            assert "free space" in str(result), result
+        with pytest.raises(StorageError, match="free space"):
+            await store.claim_next_run()
+        with pytest.raises(StorageError, match="free space"):
+            await Store.connect(disk / "new.db")
+        after = await store.get_run(run.id)
+        assert after is not None
+        assert (after.status, after.done_count) == (RunStatus.QUEUED, 1)
+        await store.close()  # full: it cannot checkpoint, and loses nothing
+        filler.unlink()
+        async with Store.connect(db) as store:
+            assert await store.check() == []
+            again = await store.record_job_outcomes(run.id, outcomes)
+            assert again == [False, *[True] * 63]
+            done = await store.get_run(run.id)
+            assert done is not None
+            assert (done.status, done.done_count) == (RunStatus.DONE, 64)
+        async with Store.connect(disk / "new.db") as fresh:
+            assert await fresh.check() == []
+        await assert_sound(db)
 
 
 async def test_a_group_whose_commit_meets_a_file_size_limit_fails_only_the_big_write(
