@@ -7,6 +7,7 @@ import contextlib
 import random
 import sqlite3
 import threading
+import uuid
 import warnings
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
@@ -864,3 +865,30 @@ async def test_a_read_cancelled_while_queued_never_runs(db_path: Path) -> None:
                         await read
             assert await store.get_job(run.id) is None  # the store carries on
         assert [sql for sql in statements if "FROM jobs WHERE id" not in sql] == [], statements
+
+
+async def test_failed_give_backs_keep_nothing_in_the_warnings_registry(db_path: Path) -> None:
+    """Under Python's default action for a RuntimeWarning (show once per text and place), each
+    failed give-back's warning is shown, and none is kept in a ``__warningregistry__``: each
+    text names its runs, so a long-lived scheduler whose give-backs kept failing grew by a
+    registry entry (~800 bytes) a failure."""
+    async with Store.connect(db_path, busy_timeout=0.01) as store:
+        other = sqlite3.connect(db_path, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # every give-back fails: the lock is held
+            with warnings.catch_warnings(record=True) as warned:
+                warnings.simplefilter("default", RuntimeWarning)
+                registry = vars(_sqlite).setdefault("__warningregistry__", {})
+                before = len(registry)
+                for _ in range(3):
+                    release = asyncio.ensure_future(store.release_runs([uuid.uuid4()]))
+                    await asyncio.sleep(0)  # queued behind nothing: it starts
+                    release.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await asyncio.wait_for(release, CALL_TIMEOUT)
+            assert len(warned) == 3
+            assert all("stay 'running'" in str(w.message) for w in warned)
+            assert len(registry) - before == 0
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
