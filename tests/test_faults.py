@@ -196,12 +196,18 @@ async def test_a_file_size_limit_mid_write_is_a_storage_error_and_retry_succeeds
     await assert_sound(db_path)
 
 
-@contextlib.contextmanager
-def _small_disk(place: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted at ``place`` (root only; skips elsewhere), unmounted after."""
+def _mount_commands() -> tuple[str, str]:
+    """The paths of mount and umount; the test skips where either is missing."""
     mount_command, umount_command = shutil.which("mount"), shutil.which("umount")
     if mount_command is None or umount_command is None:
         pytest.skip("no mount command here")
+    return mount_command, umount_command
+
+
+@contextlib.contextmanager
+def _small_disk(place: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``place`` (root only; skips elsewhere), unmounted after."""
+    mount_command, umount_command = _mount_commands()
     place.mkdir()
     mounted = subprocess.run(
         [mount_command, "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(place)],
@@ -221,7 +227,8 @@ def _fill(disk: Path) -> Path:
     filler = disk / "filler"
     with filler.open("ab") as out:
         while True:
-            free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+            stats = os.statvfs(disk)
+            free = stats.f_bavail * stats.f_frsize
             if free == 0:
                 return filler
             try:
@@ -390,10 +397,7 @@ async def test_an_existing_file_on_a_read_only_mount_is_named_as_that(tmp_path: 
     """A database on a file system mounted read-only (a bind mount remounted so), with and
     without the -wal and -shm a running store keeps: the refusal says the mount is read-only,
     not that this user may not write the files (root may) nor that the disk may be full."""
-    mount_command = shutil.which("mount")
-    umount_command = shutil.which("umount")
-    if mount_command is None or umount_command is None:
-        pytest.skip("no mount command here")
+    mount_command, umount_command = _mount_commands()
     source = tmp_path / "source"
     source.mkdir()
     async with Store.connect(source / "control.db") as store:
