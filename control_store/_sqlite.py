@@ -1229,6 +1229,16 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
                 f"{_migrate.OUT_OF_FILES_FIX}"
             )
             error.retryable = True
+        elif name == "SQLITE_IOERR_SHMSIZE":
+            # SQLite grows the -shm (the WAL's index: 32 KiB at the first write, then 32 KiB
+            # more for each 4,096 frames of -wal) by writing a byte into each new page; on a
+            # full disk that write fails so (measured: a new file with 8-32 KiB free).
+            error = StorageError(
+                f"{database} is full: the disk has no room to grow its -shm file (the index "
+                f"of its -wal) [{detail}]; nothing of this call was written: free space and "
+                "retry"
+            )
+            error.retryable = True
         elif name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN")):
             # A disk that fills up mid-write, or a file size limit (RLIMIT_FSIZE, quota), shows
             # as SQLITE_IOERR_WRITE rather than SQLITE_FULL when the write fails outright.

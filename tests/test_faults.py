@@ -222,17 +222,18 @@ def _small_disk(place: Path, size: str) -> Iterator[Path]:
         subprocess.run([umount_command, "-l", str(place)], capture_output=True, check=False)
 
 
-def _fill(disk: Path) -> Path:
-    """Fill ``disk`` to its last byte with one file; delete that file to free the space."""
+def _fill(disk: Path, leave: int = 0) -> Path:
+    """Fill ``disk`` with one file to its last byte, or to its last ``leave`` bytes; delete
+    that file to free the space."""
     filler = disk / "filler"
     with filler.open("ab") as out:
         while True:
             stats = os.statvfs(disk)
             free = stats.f_bavail * stats.f_frsize
-            if free == 0:
+            if free <= leave:
                 return filler
             try:
-                out.write(b"\0" * free)
+                out.write(b"\0" * (free - leave))
                 out.flush()
             except OSError:  # ENOSPC: what was written is the room there was
                 return filler
@@ -282,6 +283,25 @@ async def test_a_real_full_disk_refuses_each_write_whole_and_keeps_what_was_acke
         async with Store.connect(disk / "new.db") as fresh:
             assert await fresh.check() == []
         await assert_sound(db)
+
+
+async def test_a_disk_with_no_room_for_the_shm_file_is_named_full(tmp_path: Path) -> None:
+    """A new store on a disk with room for its file but not for its -shm (the WAL's index,
+    32 KiB): SQLite says only "disk I/O error" (SQLITE_IOERR_SHMSIZE); the refusal says the
+    disk is full, is retryable, and a retry once space is freed connects."""
+    with _small_disk(tmp_path / "disk", "1m") as disk:
+        filler = await asyncio.to_thread(_fill, disk, 16 * 1024)
+        with pytest.raises(StorageError) as caught:
+            await Store.connect(disk / "control.db")
+        assert caught.value.retryable
+        message = str(caught.value)
+        assert "SQLITE_IOERR_SHMSIZE" in message
+        assert "is full: the disk has no room to grow its -shm file" in message
+        assert message.endswith("nothing of this call was written: free space and retry")
+        filler.unlink()
+        async with Store.connect(disk / "control.db") as store:
+            await store.insert_run(make_run())
+            assert await store.check() == []
 
 
 async def test_a_group_whose_commit_meets_a_file_size_limit_fails_only_the_big_write(
