@@ -2272,13 +2272,15 @@ def migrate(conn: sqlite3.Connection, *, database: str) -> list[int]:
     """
     known = _migrate.load_migrations("sqlite")
     applied: list[int] = []
+    upgrade = False  # whether the file had migrations before this call: an earlier release's
     while True:
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(CREATE_TRACKING_TABLE)
-            todo = _migrate.pending(
-                known, _read_applied(conn, database=database), database=database
-            )
+            held = _read_applied(conn, database=database)
+            if not applied:
+                upgrade = bool(held)
+            todo = _migrate.pending(known, held, database=database)
             if not todo:
                 conn.execute("COMMIT")
                 return applied
@@ -2313,7 +2315,7 @@ def migrate(conn: sqlite3.Connection, *, database: str) -> list[int]:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             if applied and isinstance(exc, (sqlite3.Error, ControlError)):
-                raise _after_applied(exc, applied, known, conn, database) from exc
+                raise _after_applied(exc, applied, known, conn, database, upgrade) from exc
             raise
 
 
@@ -2323,10 +2325,12 @@ def _after_applied(
     known: Sequence[_migrate.Migration],
     conn: sqlite3.Connection,
     database: str,
+    upgrade: bool,
 ) -> BaseException:
     """The error of a migration that failed after earlier ones of the same call committed:
     translated, and saying that those are in the file now (a "nothing was written" would be
-    false, and the release upgraded from refuses the file from then on)."""
+    false) and, of an ``upgrade`` (a file that had migrations before the call), that the
+    release upgraded from refuses the file from then on; a new file had no such release."""
     try:
         (busy_ms,) = conn.execute("PRAGMA busy_timeout").fetchone()
     except sqlite3.Error:  # a connection broken by the failure: say what failed, all the same
@@ -2340,8 +2344,9 @@ def _after_applied(
     )
     error.args = (
         f"{message}; the migrations before it, {names}, were applied and committed: "
-        f"{database} is at migration {applied[-1]} now, which the release upgraded from "
-        "refuses; the next connect (or control-store migrate) applies the rest",
+        f"{database} is at migration {applied[-1]} now"
+        + (", which the release upgraded from refuses" if upgrade else "")
+        + "; the next connect (or control-store migrate) applies the rest",
     )
     return error
 

@@ -751,25 +751,30 @@ def test_shipped_migration_files_are_never_edited() -> None:
     assert {v: shipped[v] for v in _SHIPPED_CHECKSUMS} == _SHIPPED_CHECKSUMS
 
 
-async def test_a_migration_failing_after_others_committed_says_they_were(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An upgrade cut short by a full disk after earlier migrations of the same connect
-    committed leaves the file at the last of those: its error must say so, not that nothing
-    was written (the release upgraded from refuses the file from then on)."""
-    path = tmp_path / "v1.db"
-    original = _migrate.load_migrations
-    monkeypatch.setattr(_migrate, "load_migrations", lambda b, d=None: original(b, d)[:1])
-    async with Store.connect(path):
-        pass
+def _grow_past_the_page_limit() -> _migrate.Migration:
+    """A migration after the shipped ones that a full disk stops: it cannot grow the file."""
     sql = (
         "PRAGMA max_page_count = 1;\n"  # never below the file's size: the file cannot grow
         "CREATE TABLE filler AS WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 "
         "FROM n WHERE i < 100000) SELECT randomblob(100) AS b FROM n;\n"
     )
-    grow = _migrate.Migration(
+    return _migrate.Migration(
         NEXT_VERSION, "grow", sql, checksum(sql.encode()), Path(f"{NEXT_VERSION:04d}_grow.sql")
     )
+
+
+async def test_a_migration_failing_after_others_committed_says_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upgrade cut short by a full disk after earlier migrations of the same connect
+    committed leaves the file at the last of those: its error must say so, not that nothing
+    was written, and that the release upgraded from refuses the file from then on."""
+    path = tmp_path / "v1.db"
+    original = _migrate.load_migrations
+    monkeypatch.setattr(_migrate, "load_migrations", lambda b, d=None: original(b, d)[:1])
+    async with Store.connect(path):
+        pass
+    grow = _grow_past_the_page_limit()
     monkeypatch.setattr(_migrate, "load_migrations", lambda b, d=None: [*original(b, d), grow])
     with pytest.raises(StorageError) as info:
         await Store.connect(path)
@@ -778,4 +783,24 @@ async def test_a_migration_failing_after_others_committed_says_they_were(
     assert "nothing of this call was written" not in message
     shipped = ", ".join(f"{v} ({d})" for v, d in SHIPPED[1:])
     assert f"the migrations before it, {shipped}, were applied and committed" in message
+    assert f"at migration {SHIPPED[-1][0]} now, which the release upgraded from refuses" in message
+    assert [row[0] for row in tracking_rows(path)] == [v for v, _ in SHIPPED]
+
+
+async def test_a_new_file_cut_short_between_migrations_names_no_release_it_came_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new file had no release before this one: its cut-short first connect says which
+    migrations committed, and not that a release upgraded from refuses it."""
+    path = tmp_path / "new.db"
+    original = _migrate.load_migrations
+    grow = _grow_past_the_page_limit()
+    monkeypatch.setattr(_migrate, "load_migrations", lambda b, d=None: [*original(b, d), grow])
+    with pytest.raises(StorageError) as info:
+        await Store.connect(path)
+    message = str(info.value)
+    shipped = ", ".join(f"{v} ({d})" for v, d in SHIPPED)
+    assert f"the migrations before it, {shipped}, were applied and committed" in message
+    assert f"at migration {SHIPPED[-1][0]} now; the next connect" in message
+    assert "upgraded from" not in message
     assert [row[0] for row in tracking_rows(path)] == [v for v, _ in SHIPPED]
