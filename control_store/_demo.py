@@ -651,10 +651,11 @@ async def requeue_stranded(store: Store, runs: Sequence[Run]) -> int:
     """Queue again those of ``runs`` left 'running', once every scheduler process of the demo
     is gone (run_fleet ends them all before it returns or raises): nobody works on them now.
     README's recipe for the runs of a dead scheduler, with its guard, on the demo's own runs
-    only. Returns how many it queued."""
+    only. Returns how many it queued. A list, not a generator: release_runs tells the caller
+    of a generator it consumed to make it again, which means nothing to the demo's user."""
     if not runs:
         return 0
-    return await store.release_runs(run.id for run in runs)
+    return await store.release_runs([run.id for run in runs])
 
 
 async def held_runs(store: Store, runs: Sequence[Run]) -> int:

@@ -2943,6 +2943,38 @@ def test_a_demo_that_cannot_requeue_its_runs_says_what_to_do(
     assert _run_statuses(path) == {"queued": 2, "running": 1}
 
 
+def test_a_demo_whose_requeue_meets_a_held_lock_tells_no_retry_of_a_generator(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The requeue's own error, as the store gives it (another connection holds the write lock
+    past --busy-timeout), is told to a user who never passed release_runs anything: it must
+    not say to make a generator again, as release_runs says to a caller whose generator it
+    consumed."""
+    path = tmp_path / "demo.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+
+    async def interrupted(config: demo.DemoConfig, on_progress: object) -> demo.FleetResult:
+        async with Store.connect(config.url) as scheduler:
+            assert await scheduler.claim_next_run() is not None
+        holder.execute("BEGIN IMMEDIATE")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "run_fleet", interrupted)
+    try:
+        code, _, err = run_cli(
+            capsys, "demo", *SMALL_DEMO, "--url", str(path), "--busy-timeout", "0.05"
+        )
+    finally:
+        holder.close()
+    assert code == 130
+    (line,) = err.splitlines()
+    assert "queueing them again failed (" in line
+    assert "is locked" in line
+    assert "generator" not in line
+    assert "consumed" not in line
+    assert _run_statuses(path) == {"queued": 2, "running": 1}
+
+
 @pytest.mark.parametrize(
     ("argv", "fragments"),
     [
