@@ -361,6 +361,46 @@ async def write_past_file_size_limit(db: str, limit: str, count: str) -> None:
         say("run", run.id)
 
 
+def fill(disk: Path, leave: int = 0) -> Path:
+    """Fill ``disk`` with one file to its last byte, or to its last ``leave`` bytes; delete
+    that file to free the space."""
+    filler = disk / "filler"
+    with filler.open("ab") as out:
+        while True:
+            stats = os.statvfs(disk)
+            free = stats.f_bavail * stats.f_frsize
+            if free <= leave:
+                return filler
+            try:
+                out.write(b"\0" * (free - leave))
+                out.flush()
+            except OSError:  # ENOSPC: what was written is the room there was
+                return filler
+
+
+async def connect_at_each_free_level(disk: str, most: str, step: str) -> None:
+    """Connect a new store on ``disk``, filled each time to leave 0, ``step``, 2 ``step``...
+    up to ``most`` bytes free: say what each connect got (a process SIGBUS kills says no
+    more), then connect once the space is freed."""
+    place = Path(disk)
+    for leave in range(0, int(most) + 1, int(step)):
+        for path in place.iterdir():
+            if path.is_file():
+                path.unlink()
+        fill(place, leave)
+        try:
+            async with Store.connect(place / "control.db"):
+                pass
+        except ControlError as exc:
+            say("refused", leave, type(exc).__name__, exc.retryable, str(exc).replace("\n", " "))
+        else:
+            say("connected", leave)
+    (place / "filler").unlink()
+    async with Store.connect(place / "control.db") as store:
+        await store.insert_run(Run("after.yaml", ["m"], 1, 1))
+        say("freed", len(await store.check()))
+
+
 async def group_past_file_size_limit(db: str, limit: str, count: str) -> None:
     """A group commit whose one big insert_jobs carries the WAL past a file size limit at its
     COMMIT, with small writes grouped before and after it: say what each call got."""
@@ -409,6 +449,7 @@ _MODES: Final[dict[str, Callable[..., Awaitable[None] | None]]] = {
     "write-read-only": write_read_only,
     "write-past-file-size-limit": write_past_file_size_limit,
     "group-past-file-size-limit": group_past_file_size_limit,
+    "connect-at-each-free-level": connect_at_each_free_level,
     "read-only-runs": read_only_runs,
     "probe-permissions": probe_permissions,
 }

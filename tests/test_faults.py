@@ -41,6 +41,7 @@ from control_store import (
     _sqlite,
 )
 
+from _workers import fill
 from conftest import (
     CALL_TIMEOUT,
     FailingStatements,
@@ -205,38 +206,23 @@ def _mount_commands() -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def _small_disk(place: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted at ``place`` (root only; skips elsewhere), unmounted after."""
+def _mounted(place: Path, *source: str, needs: str) -> Iterator[Path]:
+    """``mount SOURCE... place`` (the test skips, saying it ``needs`` so, where that fails),
+    unmounted after."""
     mount_command, umount_command = _mount_commands()
     place.mkdir()
-    mounted = subprocess.run(
-        [mount_command, "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(place)],
-        capture_output=True,
-        check=False,
-    )
+    mounted = subprocess.run([mount_command, *source, str(place)], capture_output=True, check=False)
     if mounted.returncode != 0:
-        pytest.skip("no tmpfs mount here (it needs root)")
+        pytest.skip(f"no such mount here (it needs {needs})")
     try:
         yield place
     finally:
         subprocess.run([umount_command, "-l", str(place)], capture_output=True, check=False)
 
 
-def _fill(disk: Path, leave: int = 0) -> Path:
-    """Fill ``disk`` with one file to its last byte, or to its last ``leave`` bytes; delete
-    that file to free the space."""
-    filler = disk / "filler"
-    with filler.open("ab") as out:
-        while True:
-            stats = os.statvfs(disk)
-            free = stats.f_bavail * stats.f_frsize
-            if free <= leave:
-                return filler
-            try:
-                out.write(b"\0" * (free - leave))
-                out.flush()
-            except OSError:  # ENOSPC: what was written is the room there was
-                return filler
+def _small_disk(place: Path, size: str) -> contextlib.AbstractContextManager[Path]:
+    """A tmpfs of ``size`` mounted at ``place`` (root only; skips elsewhere)."""
+    return _mounted(place, "-t", "tmpfs", "-o", f"size={size}", "tmpfs", needs="root")
 
 
 async def test_a_real_full_disk_refuses_each_write_whole_and_keeps_what_was_acked(
@@ -254,7 +240,7 @@ async def test_a_real_full_disk_refuses_each_write_whole_and_keeps_what_was_acke
         await store.insert_run(run)
         await store.insert_jobs(jobs)
         assert await store.record_job_outcome(run.id, JobOutcome(jobs[0].id, score=1.0))
-        filler = await asyncio.to_thread(_fill, disk)
+        filler = await asyncio.to_thread(fill, disk)
         outcomes = [JobOutcome(job.id, score=0.5, output="x" * 2_000) for job in jobs]
         results = await asyncio.gather(
             *(store.record_job_outcome(run.id, outcome) for outcome in outcomes[1:]),
@@ -290,7 +276,7 @@ async def test_a_disk_with_no_room_for_the_shm_file_is_named_full(tmp_path: Path
     32 KiB): SQLite says only "disk I/O error" (SQLITE_IOERR_SHMSIZE); the refusal says the
     disk is full, is retryable, and a retry once space is freed connects."""
     with _small_disk(tmp_path / "disk", "1m") as disk:
-        filler = await asyncio.to_thread(_fill, disk, 16 * 1024)
+        filler = await asyncio.to_thread(fill, disk, 16 * 1024)
         with pytest.raises(StorageError) as caught:
             await Store.connect(disk / "control.db")
         assert caught.value.retryable
@@ -302,6 +288,36 @@ async def test_a_disk_with_no_room_for_the_shm_file_is_named_full(tmp_path: Path
         async with Store.connect(disk / "control.db") as store:
             await store.insert_run(make_run())
             assert await store.check() == []
+
+
+def test_a_full_disk_of_4_kib_blocks_is_an_error_at_every_level_of_free_space(
+    tmp_path: Path, spawn: Callable[..., Worker]
+) -> None:
+    """README's advice for a store's disk: on ext4 of 4 KiB blocks, a new store's connect
+    with anything from 0 to 40 KiB free is a retryable full-disk StorageError (or connects),
+    never a process killed by SIGBUS, as on 1 KiB blocks where SQLite's -shm pages, written
+    through memory, outgrow what the file system allocated; once space is freed it connects."""
+    mkfs = shutil.which("mkfs.ext4")
+    if mkfs is None:
+        pytest.skip("no mkfs.ext4 here")
+    image = tmp_path / "ext4.img"
+    with image.open("wb") as out:
+        out.truncate(8 * 1024 * 1024)
+    # -m 0: no blocks kept for root, who runs this test and would otherwise write into them.
+    subprocess.run([mkfs, "-q", "-F", "-m", "0", "-b", "4096", str(image)], check=True)
+    with _mounted(tmp_path / "disk", "-o", "loop", str(image), needs="root and a loop device"):
+        assert os.statvfs(tmp_path / "disk").f_bsize == 4096
+        worker = spawn("connect-at-each-free-level", tmp_path / "disk", 40 * 1024, 1024)
+        outcomes = [worker.line() for _ in range(41)]
+        assert worker.expect("freed") == ["freed", "0"]
+        worker.finish()
+    refused = [words for words in outcomes if words[0] == "refused"]
+    assert [int(words[1]) for words in outcomes] == list(range(0, 40 * 1024 + 1, 1024))
+    assert refused, outcomes  # 40 KiB is too little for a new store's schema and -wal
+    for words in refused:
+        assert words[2:4] == ["StorageError", "True"], words
+        assert "is full" in " ".join(words), words
+        assert " ".join(words).endswith("free space and retry"), words
 
 
 async def test_a_group_whose_commit_meets_a_file_size_limit_fails_only_the_big_write(
