@@ -4109,7 +4109,7 @@ class _Process:
     """This process's id, kept current across fork() by a hook, so that each call can tell
     whether it runs in the process that opened its store without a system call."""
 
-    pid = os.getpid()
+    pid: int = os.getpid()
     # The process this one was forked from (directly or through its parents) while that one
     # had a store's connection open or opening; None: none. This copy of SQLite is that
     # process's, as it was at the fork: its record of file locks that this process does not
@@ -4156,7 +4156,7 @@ class SqliteBackend:
         self._settled = asyncio.Event()
         self._settled.set()
         # write() refuses at once on a read-only store, and SQLite itself would too.
-        self.read_only = options.read_only
+        self.read_only: bool = options.read_only
         # Set by note_unmigrated (migrate=False on a schema this library cannot use as it is:
         # behind, or with an edited, unknown or failed migration), cleared by migrate() or by
         # refuse_unmigrated finding the file fit since.
