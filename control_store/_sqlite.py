@@ -1888,6 +1888,36 @@ def _refuse_read_only(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
 
 
+def void_failed_commit(conn: sqlite3.Connection, exc: BaseException) -> None:
+    """After a COMMIT that failed with an I/O error and was rolled back, make sure that what it
+    wrote into the -wal is never applied.
+
+    SQLite writes a commit's frames into the -wal, and fsyncs them, before it indexes them in
+    the -shm. Where the indexing fails (SQLITE_IOERR_SHMSIZE: a full disk where the -shm must
+    grow, as the -wal passes 4,062 frames and each 4,096 after), or an I/O error follows the
+    write, the commit is rolled back for every reader, but its frames lie in the -wal whole,
+    and SQLite's recovery, at the next open after every connection ended without closing,
+    applies them: a refused insert_jobs's jobs were in the file after a kill (measured, with
+    sqlite3 alone too), though its caller was told that nothing was written. The next commit
+    writes its frames over them from where they begin, which breaks their checksum chain for
+    good, so one is made here, at once: one page, user_version set to itself (as
+    _refuse_read_only does), into the -wal's room those frames took, so a full disk does not
+    stop it. Should it fail (another process holds the write lock), the next write of any
+    connection does the same; until then only a kill of every connection applies them.
+    """
+    if not getattr(exc, "sqlite_errorname", "").startswith("SQLITE_IOERR"):
+        return
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        conn.execute(f"PRAGMA user_version = {int(version)}")  # PRAGMA takes no parameters
+        conn.execute("COMMIT")
+    except sqlite3.Error:
+        with contextlib.suppress(sqlite3.Error):
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+
+
 def _opened_read_only(exc: sqlite3.Error, *, path: str, database: str) -> ControlError | None:
     """Why SQLite opened the file only for reading, where more can be said than translate's
     "make the file, its -wal and -shm and its directory writable": which of them this user may
@@ -2274,6 +2304,7 @@ def migrate(conn: sqlite3.Connection, *, database: str) -> list[int]:
     applied: list[int] = []
     upgrade = False  # whether the file had migrations before this call: an earlier release's
     while True:
+        committing = False
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(CREATE_TRACKING_TABLE)
@@ -2309,11 +2340,14 @@ def migrate(conn: sqlite3.Connection, *, database: str) -> list[int]:
                     time.perf_counter_ns() - started,
                 ),
             )
+            committing = True
             conn.execute("COMMIT")
             applied.append(migration.version)
         except BaseException as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            if committing:
+                void_failed_commit(conn, exc)
             if applied and isinstance(exc, (sqlite3.Error, ControlError)):
                 raise _after_applied(exc, applied, known, conn, database, upgrade) from exc
             raise
@@ -5022,6 +5056,7 @@ class _Worker:
 
     def transact_one_locked(self, op: Op[Any]) -> tuple[bool, Any]:
         conn = self.raw
+        committing = False
         try:
             if self.left_open:
                 self.end_left_open()
@@ -5034,6 +5069,7 @@ class _Worker:
             except BaseException as exc:  # KeyboardInterrupt from a job generator too
                 self.roll_back()
                 return (False, self.translate(exc))
+            committing = True
             conn.execute("COMMIT")
         except BaseException as exc:
             # KeyboardInterrupt too: an inline call (in memory) runs on the event loop's thread,
@@ -5043,6 +5079,8 @@ class _Worker:
             # and the next caller's BEGIN failed with "cannot start a transaction within a
             # transaction".
             self.roll_back()
+            if committing:
+                self.void_failed_commit(exc)
             return (False, self.translate(exc))
         return (True, result)
 
@@ -5088,6 +5126,7 @@ class _Worker:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             self.roll_back()
+            self.void_failed_commit(exc)
             return self.apart(ops, results, exc)
         return results
 
@@ -5109,6 +5148,12 @@ class _Worker:
         if self.raw.in_transaction:
             self.raw.execute("ROLLBACK")
         self.left_open = False
+
+    def void_failed_commit(self, exc: BaseException) -> None:
+        """void_failed_commit of a COMMIT that failed with ``exc``, once it is rolled back (not
+        while a failed ROLLBACK left the transaction open: the next call ends it first)."""
+        if not self.left_open:
+            void_failed_commit(self.raw, exc)
 
     def apart(
         self,

@@ -401,6 +401,108 @@ async def connect_at_each_free_level(disk: str, most: str, step: str) -> None:
         say("freed", len(await store.check()))
 
 
+# How many frames of -wal the first 32 KiB of the -shm indexes (SQLite's HASHTABLE_NPAGE_ONE):
+# the commit that writes past it grows the -shm.
+FIRST_INDEX_FRAMES: Final = 4062
+
+
+async def commit_past_a_full_index(disk: str, how: str) -> None:
+    """insert_jobs whose commit writes its frames into the -wal, on a disk left with no room for
+    the -shm to grow past FIRST_INDEX_FRAMES (SQLITE_IOERR_SHMSIZE): one call ``alone``, or
+    two of generators in one ``group`` (neither runs again alone after the group's COMMIT
+    fails), or instead a ``migration`` (HEAVY_MIGRATION's version) at a second store's
+    connect. Say how many jobs were acknowledged and what the refused calls got, then wait
+    to be killed."""
+    place = Path(disk)
+    db = place / "control.db"
+    store = await Store.connect(db)
+    run = Run("index.yaml", ["m"], 1, 1_000_000)
+    await store.insert_run(run)
+    claimed = await store.claim_next_run()  # so that the group's claim below finds none
+    assert claimed is not None
+    assert claimed.id == run.id
+    # A read snapshot held from here on keeps the -wal from starting over: its frames only grow.
+    pin = sqlite3.connect(db, isolation_level=None)
+    pin.execute("BEGIN")
+    pin.execute("SELECT count(*) FROM runs").fetchone()
+    frame: int = pin.execute("PRAGMA page_size").fetchone()[0] + 24
+    made = iter(range(10**9))
+    acked = 0
+
+    def frames() -> int:
+        return (os.path.getsize(f"{db}-wal") - 32) // frame
+
+    def jobs(count: int) -> Iterator[Job]:
+        return (Job(run.id, EvalJob("m", f"s{next(made)}", 0)) for _ in range(count))
+
+    async def insert(count: int) -> None:
+        nonlocal acked
+        await store.insert_jobs(list(jobs(count)))
+        acked += count
+
+    async def attempt() -> list[BaseException | None]:
+        if how == "alone":
+            return list(await asyncio.gather(insert(2_000), return_exceptions=True))
+        if how == "migration":  # a second store's connect applies it, of about step frames
+            sql = (
+                "CREATE TABLE filler AS WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT "
+                f"i + 1 FROM n WHERE i < {step}) SELECT randomblob(3900) AS b FROM n;\n"
+            )
+            extra = _migrate.Migration(
+                HEAVY_MIGRATION, "filler", sql, _migrate.checksum(sql.encode()), Path("x.sql")
+            )
+
+            def with_extra(backend: str, directory: Path | None = None) -> list[_migrate.Migration]:
+                return [*_ORIGINAL_LOAD(backend, directory), extra]
+
+            _migrate.load_migrations = with_extra
+            try:
+                await Store.connect(db)
+            except ControlError as exc:
+                return [exc]
+            finally:
+                _migrate.load_migrations = _ORIGINAL_LOAD
+            return [None]
+        # The claim finds no queued run and writes nothing; the two calls queue behind it.
+        ahead = asyncio.ensure_future(store.claim_next_run())
+        await asyncio.sleep(0)
+        results = await asyncio.gather(
+            *(store.insert_jobs(jobs(1_000)) for _ in range(2)), return_exceptions=True
+        )
+        assert await ahead is None
+        return results
+
+    before = frames()
+    await insert(2_000)
+    step = frames() - before
+    while frames() + 2 * step < FIRST_INDEX_FRAMES:
+        await insert(2_000)
+    while frames() + step < FIRST_INDEX_FRAMES + 8:
+        await insert(10)
+    committed = frames()
+    assert committed < FIRST_INDEX_FRAMES, (committed, step)
+    say("acked", acked)
+    # Room for the batch's frames (those of failed tries are there already) and ~16 KiB, less
+    # than the 32 KiB the -shm grows by; a try that finds too little room (SQLITE_FULL) leaves
+    # the rest to the next, with a little more.
+    for slack in range(16, 96, 8):
+        (place / "filler").unlink(missing_ok=True)
+        tail = os.path.getsize(f"{db}-wal") - (32 + committed * frame)
+        fill(place, max(0, step * frame - tail) + slack * 1024)
+        errors = await attempt()
+        if not any(errors):
+            raise AssertionError(f"committed with {slack} KiB over its frames")
+        if all(isinstance(e, ControlError) and "SQLITE_IOERR_SHMSIZE" in str(e) for e in errors):
+            for error in errors:
+                assert isinstance(error, ControlError)
+                say("refused", type(error).__name__, error.retryable, str(error).replace("\n", " "))
+            break
+        assert all(isinstance(e, ControlError) and "SQLITE_FULL" in str(e) for e in errors), errors
+    else:
+        raise AssertionError("no try met a full -shm")
+    wait_go()  # killed here: the test's kill -9
+
+
 async def group_past_file_size_limit(db: str, limit: str, count: str) -> None:
     """A group commit whose one big insert_jobs carries the WAL past a file size limit at its
     COMMIT, with small writes grouped before and after it: say what each call got."""
@@ -450,6 +552,7 @@ _MODES: Final[dict[str, Callable[..., Awaitable[None] | None]]] = {
     "write-past-file-size-limit": write_past_file_size_limit,
     "group-past-file-size-limit": group_past_file_size_limit,
     "connect-at-each-free-level": connect_at_each_free_level,
+    "commit-past-a-full-index": commit_past_a_full_index,
     "read-only-runs": read_only_runs,
     "probe-permissions": probe_permissions,
 }

@@ -44,6 +44,7 @@ from control_store import (
 from _workers import fill
 from conftest import (
     CALL_TIMEOUT,
+    SHIPPED,
     FailingStatements,
     Worker,
     assert_sound,
@@ -288,6 +289,35 @@ async def test_a_disk_with_no_room_for_the_shm_file_is_named_full(tmp_path: Path
         async with Store.connect(disk / "control.db") as store:
             await store.insert_run(make_run())
             assert await store.check() == []
+
+
+@pytest.mark.parametrize("how", ["alone", "group", "migration"])
+async def test_a_commit_refused_for_a_full_shm_stays_refused_after_a_kill(
+    tmp_path: Path, spawn: Callable[..., Worker], how: str
+) -> None:
+    """SQLite writes a commit's frames into the -wal, fsyncs them, and only then indexes them
+    in the -shm: where the -shm cannot grow (a full disk, SQLITE_IOERR_SHMSIZE), the call fails
+    and readers never see it, but its frames are in the -wal, whole, and SQLite's recovery at
+    the next open after a kill applied them (measured with sqlite3 alone). The store, told
+    "nothing of this call was written", must make that so: a process killed after the refusal
+    leaves the file without the refused jobs, with every acknowledged one: of a call alone,
+    of two in a group whose COMMIT failed so (generators, which do not run again alone), and
+    of a migration at a second store's connect."""
+    with _small_disk(tmp_path / "disk", "40m") as disk:
+        worker = spawn("commit-past-a-full-index", disk, how)
+        acked = int(worker.expect("acked")[1])
+        for _ in range(2 if how == "group" else 1):
+            refused = worker.expect("refused")
+            assert refused[1:3] == ["StorageError", "True"]
+            assert "is full: the disk has no room to grow its -shm file" in " ".join(refused)
+        worker.kill()
+        (disk / "filler").unlink()
+        async with Store.connect(disk / "control.db") as store:
+            (run,) = await store.list_runs()
+            assert len(await store.list_jobs(run.id)) == acked
+            assert await store.check() == []
+            assert [m.version for m in await store.migration_status()] == [v for v, _ in SHIPPED]
+        await assert_sound(disk / "control.db")
 
 
 def test_a_full_disk_of_4_kib_blocks_is_an_error_at_every_level_of_free_space(
