@@ -885,6 +885,11 @@ def _check_sidecars(path: str, target: str, name: str) -> None:
         others = holding - {os.getpid()}
         if not others or (attempt == 0 and not _in_wal_mode(path)):
             return
+        if not _with_wal_index(others, identity):
+            # Still opening the file, however long it is held up there (SIGSTOP, a debugger,
+            # docker pause): a review stopped one before it made the -wal, and every connect
+            # beside it was refused as meeting deleted files for as long as it stayed stopped.
+            return
     files = " and ".join(repr(f"{target}{suffix}") for suffix in missing)
     holders = (
         f"process {others.pop()} has"
@@ -1002,6 +1007,29 @@ def _sqlite_readers(identity: tuple[int, int]) -> set[int] | None:
         rf"^\d+: POSIX\s+\S+\s+READ\s+(\d+) {where} {_SHARED_FIRST} {_SHARED_LAST}$", held, re.M
     )
     return {int(pid) for pid in found}
+
+
+def _with_wal_index(pids: set[int], identity: tuple[int, int]) -> bool:
+    """Whether any of ``pids`` holds a POSIX lock on the byte of a -shm that every connection
+    with its WAL index open read-locks (the "dead man switch", UNIX_SHM_DMS), per /proc/locks:
+    on any file but the database ``identity``, since the lock stays on a -shm deleted, moved
+    or linked under another name. A connection holding none has not opened its -shm yet: it
+    is opening the file, and runs on no deleted files. (One that has another database's -shm
+    open counts all the same.) True where /proc/locks cannot be read."""
+    held = _proc_locks()
+    if held is None:
+        return True
+    pairs = re.findall(
+        rf"^\d+: POSIX\s+\S+\s+\S+\s+(\d+) [0-9a-f]+:[0-9a-f]+:(\d+) {_SHM_DMS} {_SHM_DMS}$",
+        held,
+        re.M,
+    )
+    return any(int(pid) in pids and int(inode) != identity[1] for pid, inode in pairs)
+
+
+# The byte of a -shm SQLite's unix VFS read-locks while a connection has it mapped (sqlite3.c:
+# UNIX_SHM_BASE 120 + SQLITE_SHM_NLOCK 8 = UNIX_SHM_DMS).
+_SHM_DMS: Final = 128
 
 
 # The bytes of a database file SQLite's unix VFS read-locks for a shared lock (sqlite3.c:
@@ -1135,6 +1163,19 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
                 "outrun one waiter) (in WAL mode, every store's, only a writer blocks; a file "
                 "switched out of WAL mode is blocked by a reader's open transaction too) "
                 f"[{detail}]; retry the call, or connect with a larger busy_timeout"
+            )
+        elif name == "SQLITE_PROTOCOL":
+            # SQLite's wait for the lock on the -shm while another connection rebuilds the
+            # WAL's index (on opening a file whose index is not valid), about 10 s whatever
+            # busy_timeout is: a process stopped there holds it until it goes on or ends (a
+            # review's SIGSTOP). Or SQLite lost its lock race that long. Lock contention.
+            error = DatabaseBusyError(
+                f"{database} is locked: another connection held the lock on its -shm (the "
+                "index of its -wal) for the ~10 s SQLite waits for it whatever busy_timeout "
+                "is, as one does while it rebuilds that index on opening the file; a process "
+                "stopped or hung there holds it until it goes on or ends "
+                f"[{detail}]; nothing was written: let that process go on (kill -CONT PID, "
+                "for one stopped) or end it, then retry the call"
             )
         elif name == "SQLITE_CONSTRAINT_FOREIGNKEY":
             error = MissingRunError(
@@ -1848,7 +1889,13 @@ def _refuse_unfit_unread(path: str, database: str, options: Options) -> None:
     try:
         ro.execute(f"PRAGMA busy_timeout = {_milliseconds(options.busy_timeout)}")
         _refuse_unfit(ro, database)
-    except sqlite3.Error:
+    except sqlite3.Error as exc:
+        # Busy for busy_timeout already (another connection's exclusive lock: a
+        # locking_mode=EXCLUSIVE reader, the last store closing): the store's own connection
+        # would wait as long again, and its error tell of one wait (a review measured 4 s at
+        # busy_timeout=2).
+        if getattr(exc, "sqlite_errorname", "").startswith(_BUSY):
+            raise
         return
     finally:
         ro.close()
