@@ -1047,6 +1047,17 @@ def _proc_locks() -> str | None:
         return None
 
 
+def _file_size_limit() -> int | None:
+    """This process's limit on the size of a file it writes (RLIMIT_FSIZE), in bytes; None
+    where there is none (or no resource module to tell)."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def _check_new_file(path: str, name: str) -> None:
     """Refuse a file SQLite is to create where it cannot: the target of a dangling symlink in a
     directory that does not exist, or a name too long for its journal's (SQLite's failure,
@@ -1274,11 +1285,20 @@ def translate(exc: BaseException, *, database: str, busy_timeout: float) -> Base
             # SQLite grows the -shm (the WAL's index: 32 KiB at the first write, then 32 KiB
             # more for each 4,096 frames of -wal) by writing a byte into each new page; on a
             # full disk that write fails so (measured: a new file with 8-32 KiB free).
-            error = StorageError(
-                f"{database} is full: the disk has no room to grow its -shm file (the index "
-                f"of its -wal) [{detail}]; nothing of this call was written: free space and "
-                "retry"
-            )
+            limit = _file_size_limit()
+            if limit is None:
+                error = StorageError(
+                    f"{database} is full: the disk has no room to grow its -shm file (the "
+                    f"index of its -wal) [{detail}]; nothing of this call was written: free "
+                    "space and retry"
+                )
+            else:  # a limit below the -shm's size fails the same way (a review: 8-24 KiB)
+                error = StorageError(
+                    f"{database} is full, or past this process's file size limit: its -shm "
+                    f"file (the index of its -wal) could not grow [{detail}], and the limit "
+                    f"(RLIMIT_FSIZE, ulimit -f) is {limit} bytes; nothing of this call was "
+                    "written: free space, or raise the limit, and retry"
+                )
             error.retryable = True
         elif name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN")):
             # A disk that fills up mid-write, or a file size limit (RLIMIT_FSIZE, quota), shows
@@ -1935,25 +1955,33 @@ def _refuse_read_only(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
 
 
-def void_failed_commit(conn: sqlite3.Connection, exc: BaseException) -> None:
-    """After a COMMIT that failed with an I/O error and was rolled back, make sure that what it
-    wrote into the -wal is never applied.
+def voids(exc: BaseException) -> bool:
+    """Whether a COMMIT that failed with ``exc`` may have left its frames in the -wal whole, to
+    be voided (see void_commit): an I/O error, not SQLITE_FULL (a write of a frame that failed
+    so leaves no commit frame behind it, measured)."""
+    return getattr(exc, "sqlite_errorname", "").startswith("SQLITE_IOERR")
 
-    SQLite writes a commit's frames into the -wal, and fsyncs them, before it indexes them in
-    the -shm. Where the indexing fails (SQLITE_IOERR_SHMSIZE: a full disk where the -shm must
-    grow, as the -wal passes 4,062 frames and each 4,096 after), or an I/O error follows the
-    write, the commit is rolled back for every reader, but its frames lie in the -wal whole,
-    and SQLite's recovery, at the next open after every connection ended without closing,
+
+def void_commit(conn: sqlite3.Connection) -> bool:
+    """After a COMMIT that failed with an I/O error and was rolled back, make sure that what it
+    wrote into the -wal is never applied; False if that could not be done now.
+
+    SQLite writes a commit's frames into the -wal (and, at synchronous=FULL, fsyncs them)
+    before it indexes them in the -shm. Where the indexing fails (SQLITE_IOERR_SHMSIZE: a full
+    disk where the -shm must grow, as the -wal passes 4,062 frames and each 4,096 after), or
+    the fsync does (SQLITE_IOERR_FSYNC), the commit is rolled back for every reader, but its
+    frames lie in the -wal whole, and SQLite's recovery, at the next open of a -wal that was
+    not checkpointed away (every connection killed, or a last close whose checkpoint failed),
     applies them: a refused insert_jobs's jobs were in the file after a kill (measured, with
-    sqlite3 alone too), though its caller was told that nothing was written. The next commit
-    writes its frames over them from where they begin, which breaks their checksum chain for
-    good, so one is made here, at once: one page, user_version set to itself (as
+    sqlite3 alone too), though its caller was told that nothing was written. A commit that
+    writes a page writes its frame over theirs, from where they begin, which breaks their
+    checksum chain for good: one is made here, at once, user_version set to itself (as
     _refuse_read_only does), into the -wal's room those frames took, so a full disk does not
-    stop it. Should it fail (another process holds the write lock), the next write of any
-    connection does the same; until then only a kill of every connection applies them.
+    keep its frame out (at a -shm region's end its own COMMIT fails the same way, its frame
+    written all the same). It fails only where it cannot take the write lock (another process
+    holds it past busy_timeout) or an I/O error stops it: the void is then owed (see
+    _Worker.owed_void).
     """
-    if not getattr(exc, "sqlite_errorname", "").startswith("SQLITE_IOERR"):
-        return
     try:
         conn.execute("BEGIN IMMEDIATE")
         (version,) = conn.execute("PRAGMA user_version").fetchone()
@@ -1963,6 +1991,8 @@ def void_failed_commit(conn: sqlite3.Connection, exc: BaseException) -> None:
         with contextlib.suppress(sqlite3.Error):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+        return False
+    return True
 
 
 def _opened_read_only(exc: sqlite3.Error, *, path: str, database: str) -> ControlError | None:
@@ -2393,8 +2423,11 @@ def migrate(conn: sqlite3.Connection, *, database: str) -> list[int]:
         except BaseException as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            if committing:
-                void_failed_commit(conn, exc)
+            if committing and voids(exc):
+                # Failing (another process holds the write lock), nothing owes it here: the
+                # connect fails, and the frames stay until a commit that writes a page, such
+                # as the retried connect's migration, is made over them.
+                void_commit(conn)
             if applied and isinstance(exc, (sqlite3.Error, ControlError)):
                 raise _after_applied(exc, applied, known, conn, database, upgrade) from exc
             raise
@@ -4469,18 +4502,19 @@ class SqliteBackend:
                 except asyncio.CancelledError:
                     cancelled = True
             if not cancelled:
-                self._empty_wal_if_moved()
+                self._queue_before_close()
                 await close_on_worker(self._conn)
         finally:
             if self._conn._running:  # cancelled (a shutdown), or closed unfinished
-                self._empty_wal_if_moved()
+                self._queue_before_close()
                 stop_worker(self._conn)
 
-    def _empty_wal_if_moved(self) -> None:
-        """Queue _Worker.empty_wal_if_moved ahead of the connection's close, on the same thread:
-        no await comes between the two, so a shutdown's cancellation cannot either."""
+    def _queue_before_close(self) -> None:
+        """Queue _Worker.before_close (an owed void, empty_wal_if_moved) ahead of the
+        connection's close, on the same thread: no await comes between the two, so a
+        shutdown's cancellation cannot either."""
         if self._conn._running and not self.read_only:
-            self._conn._tx.put_nowait((None, self._worker.empty_wal_if_moved))
+            self._conn._tx.put_nowait((None, self._worker.before_close))
 
     def _closer_stopped(self, _: asyncio.Task[None]) -> None:
         """A closer cancelled before its first step (a shutdown cancelling every task just after
@@ -4502,7 +4536,7 @@ class SqliteBackend:
             and self._settled.is_set()
             and self._conn._running
         ):
-            self._empty_wal_if_moved()
+            self._queue_before_close()
             stop_worker(self._conn)
 
     def _now_idle(self) -> None:
@@ -5040,6 +5074,7 @@ class _Worker:
         "identity",
         "left_open",
         "lock",
+        "owed_void",
         "path",
         "raw",
         "wal_base",
@@ -5063,6 +5098,8 @@ class _Worker:
         self.lock = threading.Lock()
         # A ROLLBACK failed (an I/O error), leaving its transaction open: see roll_back.
         self.left_open = False
+        # A failed COMMIT's frames are still to be voided: see void_commit, pay_owed_void.
+        self.owed_void = False
 
     def translate(self, exc: BaseException) -> BaseException:
         return translate(exc, database=self.database, busy_timeout=self.busy_timeout)
@@ -5107,6 +5144,8 @@ class _Worker:
         try:
             if self.left_open:
                 self.end_left_open()
+            if self.owed_void:
+                self.pay_owed_void()
             # IMMEDIATE: a deferred transaction that reads then writes gets SQLITE_BUSY at once
             # across processes, ignoring busy_timeout; IMMEDIATE waits for the lock properly.
             conn.execute("BEGIN IMMEDIATE")
@@ -5147,6 +5186,8 @@ class _Worker:
         try:
             if self.left_open:
                 self.end_left_open()
+            if self.owed_void:
+                self.pay_owed_void()
             conn.execute("BEGIN IMMEDIATE")  # IMMEDIATE: see transact_one
         except sqlite3.Error as exc:
             return _each_own(self.translate(exc), len(ops))
@@ -5197,10 +5238,27 @@ class _Worker:
         self.left_open = False
 
     def void_failed_commit(self, exc: BaseException) -> None:
-        """void_failed_commit of a COMMIT that failed with ``exc``, once it is rolled back (not
-        while a failed ROLLBACK left the transaction open: the next call ends it first)."""
-        if not self.left_open:
-            void_failed_commit(self.raw, exc)
+        """void_commit after a COMMIT that failed with ``exc`` and was rolled back; owed if it
+        cannot be made now (or while a failed ROLLBACK leaves the transaction open)."""
+        if voids(exc):
+            self.owed_void = self.left_open or not void_commit(self.raw)
+
+    def pay_owed_void(self) -> None:
+        """The void owed since a COMMIT failed (see void_failed_commit), before the next
+        transaction and at close: the next commit of this store may write no page (a claim
+        that finds no run), and so void nothing, and a close whose checkpoint fails keeps the
+        -wal, for the next open's recovery to apply those frames."""
+        if self.owed_void and not self.left_open:
+            self.owed_void = not void_commit(self.raw)
+
+    def before_close(self) -> None:
+        """On the thread, just before the connection closes: pay an owed void, then
+        empty_wal_if_moved."""
+        with self.lock, contextlib.suppress(Exception):
+            if self.left_open:
+                self.end_left_open()
+            self.pay_owed_void()
+        self.empty_wal_if_moved()
 
     def apart(
         self,

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Final
 
-from control_store import ControlError, EvalJob, Job, JobOutcome, Run, Store, _migrate
+from control_store import ControlError, EvalJob, Job, JobOutcome, Run, Store, _migrate, _sqlite
 
 from _loops import use_requested_loop
 
@@ -411,11 +411,13 @@ async def commit_past_a_full_index(disk: str, how: str) -> None:
     the -shm to grow past FIRST_INDEX_FRAMES (SQLITE_IOERR_SHMSIZE): one call ``alone``, or
     two of generators in one ``group`` (neither runs again alone after the group's COMMIT
     fails), or instead a ``migration`` (HEAVY_MIGRATION's version) at a second store's
-    connect. Say how many jobs were acknowledged and what the refused calls got, then wait
-    to be killed."""
+    connect; or one alone whose void meets another connection's write lock, and is owed, then
+    a claim that writes no page (``owed-claim``) or a close (``owed-close``). Say how many jobs
+    were acknowledged and what the refused calls got, then wait to be killed."""
     place = Path(disk)
     db = place / "control.db"
-    store = await Store.connect(db)
+    owed = how.startswith("owed-")
+    store = await Store.connect(db, busy_timeout=0.5 if owed else 5.0)
     run = Run("index.yaml", ["m"], 1, 1_000_000)
     await store.insert_run(run)
     claimed = await store.claim_next_run()  # so that the group's claim below finds none
@@ -440,8 +442,22 @@ async def commit_past_a_full_index(disk: str, how: str) -> None:
         await store.insert_jobs(list(jobs(count)))
         acked += count
 
+    if owed:  # the void after the refusal meets another connection's write lock: owed
+        holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+        void = _sqlite.void_commit
+
+        def locked_out(conn: sqlite3.Connection) -> bool:
+            _sqlite.void_commit = void  # once
+            holder.execute("BEGIN IMMEDIATE")
+            try:
+                return void(conn)
+            finally:
+                holder.execute("ROLLBACK")
+
+        _sqlite.void_commit = locked_out
+
     async def attempt() -> list[BaseException | None]:
-        if how == "alone":
+        if how == "alone" or owed:
             return list(await asyncio.gather(insert(2_000), return_exceptions=True))
         if how == "migration":  # a second store's connect applies it, of about step frames
             sql = (
@@ -493,6 +509,11 @@ async def commit_past_a_full_index(disk: str, how: str) -> None:
         if not any(errors):
             raise AssertionError(f"committed with {slack} KiB over its frames")
         if all(isinstance(e, ControlError) and "SQLITE_IOERR_SHMSIZE" in str(e) for e in errors):
+            assert _sqlite.void_commit is void if owed else True
+            if how == "owed-claim":  # a commit that writes no page: the run was claimed
+                assert await store.claim_next_run() is None
+            elif how == "owed-close":  # the disk still full: its checkpoint cannot be made
+                await store.close()
             for error in errors:
                 assert isinstance(error, ControlError)
                 say("refused", type(error).__name__, error.retryable, str(error).replace("\n", " "))

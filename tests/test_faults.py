@@ -292,7 +292,7 @@ async def test_a_disk_with_no_room_for_the_shm_file_is_named_full(tmp_path: Path
             assert await store.check() == []
 
 
-@pytest.mark.parametrize("how", ["alone", "group", "migration"])
+@pytest.mark.parametrize("how", ["alone", "group", "migration", "owed-claim", "owed-close"])
 async def test_a_commit_refused_for_a_full_shm_stays_refused_after_a_kill(
     tmp_path: Path, spawn: Callable[..., Worker], how: str
 ) -> None:
@@ -303,7 +303,10 @@ async def test_a_commit_refused_for_a_full_shm_stays_refused_after_a_kill(
     "nothing of this call was written", must make that so: a process killed after the refusal
     leaves the file without the refused jobs, with every acknowledged one: of a call alone,
     of two in a group whose COMMIT failed so (generators, which do not run again alone), and
-    of a migration at a second store's connect."""
+    of a migration at a second store's connect. Where that void meets another connection's
+    write lock, it is owed, and made before the store's next transaction (a claim that finds
+    no run writes no page, and so voids nothing) or at its close (whose checkpoint, the disk
+    still full, fails, which keeps the -wal for the next open's recovery)."""
     with _small_disk(tmp_path / "disk", "40m") as disk:
         worker = spawn("commit-past-a-full-index", disk, how)
         acked = int(worker.expect("acked")[1])
@@ -319,6 +322,41 @@ async def test_a_commit_refused_for_a_full_shm_stays_refused_after_a_kill(
             assert await store.check() == []
             assert [m.version for m in await store.migration_status()] == [v for v, _ in SHIPPED]
         await assert_sound(disk / "control.db")
+
+
+# A new store's connect in a process whose files may not grow past 16 KiB (RLIMIT_FSIZE), less
+# than the -shm's first 32 KiB; SIGXFSZ, which kills by default, ignored: the write fails.
+_UNDER_A_FILE_SIZE_LIMIT = """
+import asyncio, resource, signal, sys
+from control_store import ControlError, Store
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (16384, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+async def main():
+    try:
+        await Store.connect(sys.argv[1])
+    except ControlError as exc:
+        print(type(exc).__name__, exc.retryable, exc)
+asyncio.run(main())
+"""
+
+
+async def test_a_shm_past_a_file_size_limit_names_the_limit(tmp_path: Path) -> None:
+    """The -shm that cannot grow (SQLITE_IOERR_SHMSIZE) under a file size limit, on a disk with
+    room: the refusal names the limit and its fix, not only a full disk."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _UNDER_A_FILE_SIZE_LIMIT,
+        str(tmp_path / "control.db"),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), CALL_TIMEOUT)
+    told = out.decode()
+    assert told.startswith("StorageError True "), told
+    assert "SQLITE_IOERR_SHMSIZE" in told
+    assert "past this process's file size limit" in told
+    assert "the limit (RLIMIT_FSIZE, ulimit -f) is 16384 bytes" in told
+    assert "free space, or raise the limit, and retry" in told
 
 
 def test_a_full_disk_of_4_kib_blocks_is_an_error_at_every_level_of_free_space(
