@@ -1024,7 +1024,50 @@ def _with_wal_index(pids: set[int], identity: tuple[int, int]) -> bool:
         held,
         re.M,
     )
-    return any(int(pid) in pids and int(inode) != identity[1] for pid, inode in pairs)
+    if any(int(pid) in pids and int(inode) != identity[1] for pid, inode in pairs):
+        return True
+    # A read-only connection that may not write the -shm, and opened the file with no other
+    # connection on it, keeps the index in its own memory and locks no -shm, but reads the
+    # -wal it holds open (a review moved both files away under one, and a connect then made
+    # the schema anew over the writes in that -wal).
+    locked = {int(inode) for inode in re.findall(r" [0-9a-f]+:[0-9a-f]+:(\d+) ", held)}
+    return any(_holds_a_wal(pid, identity, locked) for pid in pids)
+
+
+def _holds_a_wal(pid: int, identity: tuple[int, int], locked: Set[int]) -> bool:
+    """Whether process ``pid`` has a file open that begins as a -wal does (SQLite's WAL magic
+    number), other than the database ``identity``. Only files no process holds a POSIX lock
+    on are opened to be read: closing one this process has locked would drop its locks. True
+    where its open files cannot be listed (another user's process)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:
+        return False  # ended
+    except OSError:
+        return True
+    for fd in fds:
+        link = f"/proc/{pid}/fd/{fd}"
+        try:
+            st = os.stat(link)
+            if (
+                not stat.S_ISREG(st.st_mode)
+                or (st.st_dev, st.st_ino) == identity
+                or st.st_ino in locked
+                or st.st_size < _WAL_HEADER
+            ):
+                continue
+            with open(link, "rb") as file:
+                if file.read(4) in _WAL_MAGIC:
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+# A -wal file's header, and the magic number it begins with (big-endian 0x377f0682, or
+# 0x377f0683 for a log of big-endian checksums).
+_WAL_HEADER: Final = 32
+_WAL_MAGIC: Final = (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83")
 
 
 # The byte of a -shm SQLite's unix VFS read-locks while a connection has it mapped (sqlite3.c:
@@ -1914,7 +1957,8 @@ def _refuse_unfit_unread(path: str, database: str, options: Options) -> None:
         # locking_mode=EXCLUSIVE reader, the last store closing): the store's own connection
         # would wait as long again, and its error tell of one wait (a review measured 4 s at
         # busy_timeout=2).
-        if getattr(exc, "sqlite_errorname", "").startswith(_BUSY):
+        name = getattr(exc, "sqlite_errorname", "")
+        if name.startswith(_BUSY) or name == "SQLITE_PROTOCOL":  # the ~10 s wait: see translate
             raise
         return
     finally:
@@ -4474,6 +4518,7 @@ class SqliteBackend:
         finishes what it was given, then closes the file on its own thread."""
         self._closing = True  # read() and write() refuse from now on
         if self._conn._running:
+            self._queue_before_close()
             stop_worker(self._conn)
         # Every caller waits for the worker to end, which it does once it has closed the file
         # (after what it was running): a second close() returns only then, as a second close
@@ -5144,19 +5189,20 @@ class _Worker:
         try:
             if self.left_open:
                 self.end_left_open()
-            if self.owed_void:
-                self.pay_owed_void()
             # IMMEDIATE: a deferred transaction that reads then writes gets SQLITE_BUSY at once
             # across processes, ignoring busy_timeout; IMMEDIATE waits for the lock properly.
             conn.execute("BEGIN IMMEDIATE")
             try:
                 self.refuse_replaced_file()
                 result = self.run_op(op, self.restart)
+                if self.owed_void:
+                    self.void_in_transaction()
             except BaseException as exc:  # KeyboardInterrupt from a job generator too
                 self.roll_back()
                 return (False, self.translate(exc))
             committing = True
             conn.execute("COMMIT")
+            self.owed_void = False
         except BaseException as exc:
             # KeyboardInterrupt too: an inline call (in memory) runs on the event loop's thread,
             # where a Ctrl-C lands between any two bytecodes, just before COMMIT or just after
@@ -5186,8 +5232,6 @@ class _Worker:
         try:
             if self.left_open:
                 self.end_left_open()
-            if self.owed_void:
-                self.pay_owed_void()
             conn.execute("BEGIN IMMEDIATE")  # IMMEDIATE: see transact_one
         except sqlite3.Error as exc:
             return _each_own(self.translate(exc), len(ops))
@@ -5207,6 +5251,8 @@ class _Worker:
                     conn.execute("ROLLBACK TO group_commit")
                 conn.execute("RELEASE group_commit")
                 results.append(result)
+            if self.owed_void:
+                self.void_in_transaction()
         except Exception as exc:
             self.roll_back()
             return _each_own(self.translate(exc), len(ops))
@@ -5216,6 +5262,7 @@ class _Worker:
             self.roll_back()
             self.void_failed_commit(exc)
             return self.apart(ops, results, exc)
+        self.owed_void = False
         return results
 
     def roll_back(self) -> None:
@@ -5243,11 +5290,19 @@ class _Worker:
         if voids(exc):
             self.owed_void = self.left_open or not void_commit(self.raw)
 
+    def void_in_transaction(self) -> None:
+        """The void owed since a COMMIT failed (see void_failed_commit), made in the next write
+        transaction, under the lock it holds (a void of its own first would wait busy_timeout
+        for it, and the transaction as long again): user_version set to itself writes a page,
+        where the op may write none (a claim that finds no run), and so void nothing. Cleared
+        once that transaction commits."""
+        (version,) = self.raw.execute("PRAGMA user_version").fetchone()
+        self.raw.execute(f"PRAGMA user_version = {int(version)}")  # PRAGMA takes no parameters
+
     def pay_owed_void(self) -> None:
-        """The void owed since a COMMIT failed (see void_failed_commit), before the next
-        transaction and at close: the next commit of this store may write no page (a claim
-        that finds no run), and so void nothing, and a close whose checkpoint fails keeps the
-        -wal, for the next open's recovery to apply those frames."""
+        """The void owed since a COMMIT failed, at close, if no write transaction made it since
+        (see void_in_transaction): a close whose checkpoint fails (a full disk) keeps the -wal,
+        for the next open's recovery to apply those frames."""
         if self.owed_void and not self.left_open:
             self.owed_void = not void_commit(self.raw)
 

@@ -1274,6 +1274,147 @@ async def test_a_connect_behind_an_exclusive_lock_waits_busy_timeout_once(db_pat
         assert len(await store.list_runs()) == 1
 
 
+def _protocol_error() -> sqlite3.OperationalError:
+    """SQLite's SQLITE_PROTOCOL, as sqlite3 raises it (met for real only after SQLite's ~10 s
+    wait, which a test cannot afford)."""
+    failure = sqlite3.OperationalError("locking protocol")
+    failure.sqlite_errorname = "SQLITE_PROTOCOL"
+    return failure
+
+
+async def test_a_connect_meeting_sqlite_protocol_waits_once(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLITE_PROTOCOL at the connect's look at a -wal left with writes: that ~10 s wait is not
+    made again by the store's own connection (a review measured 20 s), as a busy one is not."""
+    async with Store.connect(db_path) as store:
+        await store.insert_run(make_run())
+    killed = [sys.executable, "-c", _KILLED_AFTER_A_COMMIT, str(db_path)]
+    await asyncio.to_thread(subprocess.run, killed, check=True)
+    looks: list[str] = []
+
+    def protocol(conn: sqlite3.Connection, database: str) -> None:
+        looks.append(database)
+        raise _protocol_error()
+
+    monkeypatch.setattr(_sqlite, "_refuse_unfit", protocol)
+    with pytest.raises(DatabaseBusyError, match="SQLITE_PROTOCOL"):
+        await Store.connect(db_path)
+    assert len(looks) == 1
+
+
+# A store killed with its writes in the -wal (no close, so no checkpoint).
+_KILLED_STORE = """
+import asyncio, os, sys
+from control_store import Run, Store
+async def main():
+    store = await Store.connect(sys.argv[1])
+    for i in range(3):
+        await store.insert_run(Run(f"kept-{i}", ["m"], 1, 1))
+    os._exit(0)
+asyncio.run(main())
+"""
+
+# A read-only connection that may not write the -shm (readonly_shm=1, as for another user's
+# read_only store): opening the file with no other connection on it, it keeps the WAL's index
+# in its own memory, locks no -shm, and reads the -wal it holds open.
+_READER_WITHOUT_A_SHM = """
+import sqlite3, sys
+from pathlib import Path
+conn = sqlite3.connect(Path(sys.argv[1]).as_uri() + "?mode=ro&readonly_shm=1", uri=True)
+print(conn.execute("SELECT count(*) FROM runs").fetchone()[0], file=sys.stderr)
+print("ready", flush=True)
+sys.stdin.readline()
+conn.close()
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="reads /proc/locks")
+async def test_a_reader_keeping_its_index_in_memory_keeps_moved_files_refused(
+    db_path: Path, tmp_path: Path
+) -> None:
+    """A reader of another process that locks no -shm (its index in its own memory) runs on
+    the -wal all the same: with the -wal and -shm moved away under it, a connect is refused as
+    ever. Taken for a process still opening the file, it went on, found no schema in the file
+    (the writes were in the moved -wal), and made one anew, which putting the files back, as
+    the refusal says to, would then have met."""
+    async with Store.connect(db_path) as store:
+        await store.insert_run(make_run())
+    killed = [sys.executable, "-c", _KILLED_STORE, str(db_path)]
+    await asyncio.to_thread(subprocess.run, killed, check=True)
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    async with _another_process(_READER_WITHOUT_A_SHM, db_path):
+        for suffix in ("-wal", "-shm"):
+            Path(f"{db_path}{suffix}").rename(aside / f"control.db{suffix}")
+        with pytest.raises(ConfigurationError, match="are missing while process"):
+            await Store.connect(db_path)
+        for suffix in ("-wal", "-shm"):
+            (aside / f"control.db{suffix}").rename(f"{db_path}{suffix}")
+    async with Store.connect(db_path) as store:
+        assert len(await store.list_runs()) == 4
+    await assert_sound(db_path)
+
+
+async def test_an_owed_void_is_made_in_the_next_transaction_waiting_once(
+    db_path: Path, spawn: Callable[..., Worker]
+) -> None:
+    """A void owed since a COMMIT failed (its lock was held then) is made inside the next write
+    transaction, under its lock: behind another process's lock the call waits busy_timeout
+    once (a void of its own first waited, then the call as long again), and a claim that finds
+    no run, which writes no page, makes it all the same."""
+    store = await Store.connect(db_path, busy_timeout=0.3)
+    backend = store._backend
+    assert backend is not None
+    await store.insert_run(make_run())
+    assert await store.claim_next_run() is not None
+    begins: list[str] = []
+
+    def trace(sql: str) -> None:
+        if sql.startswith("BEGIN"):
+            begins.append(sql)
+
+    def owed() -> bool:
+        assert backend is not None
+        return backend._worker.owed_void
+
+    await backend.read(lambda conn: conn.set_trace_callback(trace))
+    backend._worker.owed_void = True
+    holder = spawn("hold-lock", db_path)
+    holder.expect("locked")
+    with pytest.raises(DatabaseBusyError):
+        await store.insert_run(make_run())
+    assert begins == ["BEGIN IMMEDIATE"]
+    assert owed()
+    holder.go()
+    holder.expect("released")
+    holder.finish()
+    wal = Path(f"{db_path}-wal")
+    before = wal.stat().st_size
+    assert await store.claim_next_run() is None
+    assert not owed()
+    assert wal.stat().st_size > before  # a frame: user_version written over the failed commit
+    await backend.read(lambda conn: conn.set_trace_callback(None))
+    await store.close()
+
+
+def test_a_close_after_the_opening_loop_ended_makes_an_owed_void(db_path: Path) -> None:
+    """close() from another loop than the one that opened the store (its asyncio.run ended)
+    makes an owed void too, as a close on the store's own loop does."""
+
+    async def opened() -> Store:
+        store = await Store.connect(db_path)
+        await store.insert_run(make_run())
+        return store
+
+    store = asyncio.run(opened())
+    backend = store._backend
+    assert backend is not None
+    backend._worker.owed_void = True
+    asyncio.run(store.close())
+    assert not backend._worker.owed_void
+
+
 async def test_a_connect_keeps_the_locks_of_this_processs_own_sqlite3_connection(
     tmp_path: Path,
 ) -> None:
@@ -1511,9 +1652,7 @@ def test_a_lock_on_the_wal_index_held_past_sqlites_wait_is_busy() -> None:
     -shm that a connection rebuilding the WAL's index holds (a review's process stopped there,
     SIGSTOP). Lock contention, retryable, told as such; it was "an error this release does not
     expect". (Met for real only after those 10 s, which a test cannot afford.)"""
-    failure = sqlite3.OperationalError("locking protocol")
-    failure.sqlite_errorname = "SQLITE_PROTOCOL"
-    error = _sqlite.translate(failure, database="database 'x.db'", busy_timeout=5)
+    error = _sqlite.translate(_protocol_error(), database="database 'x.db'", busy_timeout=5)
     assert isinstance(error, DatabaseBusyError)
     assert error.retryable
     message = str(error)
