@@ -1982,6 +1982,13 @@ def _refuse_foreign_database(conn: sqlite3.Connection, database: str) -> None:
         )
 
 
+def _rewrite_page_one(conn: sqlite3.Connection) -> None:
+    """Write the file's first page in the open write transaction without changing it:
+    user_version set to itself (a write that needs no table of ours, and fires no trigger)."""
+    (version,) = conn.execute("PRAGMA user_version").fetchone()
+    conn.execute(f"PRAGMA user_version = {int(version)}")  # PRAGMA takes no parameters
+
+
 def _refuse_read_only(conn: sqlite3.Connection) -> None:
     """Fail now if SQLite could open the file only for reading.
 
@@ -1992,8 +1999,7 @@ def _refuse_read_only(conn: sqlite3.Connection) -> None:
     """
     conn.execute("BEGIN IMMEDIATE")
     try:
-        (version,) = conn.execute("PRAGMA user_version").fetchone()
-        conn.execute(f"PRAGMA user_version = {int(version)}")  # PRAGMA takes no parameters
+        _rewrite_page_one(conn)
     finally:
         if conn.in_transaction:  # an I/O error may already have ended it; keep that error
             conn.execute("ROLLBACK")
@@ -2019,17 +2025,15 @@ def void_commit(conn: sqlite3.Connection) -> bool:
     applies them: a refused insert_jobs's jobs were in the file after a kill (measured, with
     sqlite3 alone too), though its caller was told that nothing was written. A commit that
     writes a page writes its frame over theirs, from where they begin, which breaks their
-    checksum chain for good: one is made here, at once, user_version set to itself (as
-    _refuse_read_only does), into the -wal's room those frames took, so a full disk does not
-    keep its frame out (at a -shm region's end its own COMMIT fails the same way, its frame
-    written all the same). It fails only where it cannot take the write lock (another process
-    holds it past busy_timeout) or an I/O error stops it: the void is then owed (see
-    _Worker.owed_void).
+    checksum chain for good: one is made here, at once, of _rewrite_page_one alone, into the
+    -wal's room those frames took, so a full disk does not keep its frame out (at a -shm
+    region's end its own COMMIT fails the same way, its frame written all the same). It fails
+    only where it cannot take the write lock (another process holds it past busy_timeout) or an
+    I/O error stops it: the void is then owed (see _Worker.owed_void).
     """
     try:
         conn.execute("BEGIN IMMEDIATE")
-        (version,) = conn.execute("PRAGMA user_version").fetchone()
-        conn.execute(f"PRAGMA user_version = {int(version)}")  # PRAGMA takes no parameters
+        _rewrite_page_one(conn)
         conn.execute("COMMIT")
     except sqlite3.Error:
         with contextlib.suppress(sqlite3.Error):
@@ -5143,7 +5147,10 @@ class _Worker:
         self.lock = threading.Lock()
         # A ROLLBACK failed (an I/O error), leaving its transaction open: see roll_back.
         self.left_open = False
-        # A failed COMMIT's frames are still to be voided: see void_commit, pay_owed_void.
+        # A failed COMMIT's frames are still to be voided (see void_commit): in the next write
+        # transaction, under the lock it holds (a void of its own first would wait busy_timeout
+        # for it, and the transaction as long again), by _rewrite_page_one, since the op may
+        # write no page (a claim that finds no run), and so void nothing; or at close.
         self.owed_void = False
 
     def translate(self, exc: BaseException) -> BaseException:
@@ -5196,7 +5203,7 @@ class _Worker:
                 self.refuse_replaced_file()
                 result = self.run_op(op, self.restart)
                 if self.owed_void:
-                    self.void_in_transaction()
+                    _rewrite_page_one(conn)
             except BaseException as exc:  # KeyboardInterrupt from a job generator too
                 self.roll_back()
                 return (False, self.translate(exc))
@@ -5252,7 +5259,7 @@ class _Worker:
                 conn.execute("RELEASE group_commit")
                 results.append(result)
             if self.owed_void:
-                self.void_in_transaction()
+                _rewrite_page_one(conn)
         except Exception as exc:
             self.roll_back()
             return _each_own(self.translate(exc), len(ops))
@@ -5290,29 +5297,16 @@ class _Worker:
         if voids(exc):
             self.owed_void = self.left_open or not void_commit(self.raw)
 
-    def void_in_transaction(self) -> None:
-        """The void owed since a COMMIT failed (see void_failed_commit), made in the next write
-        transaction, under the lock it holds (a void of its own first would wait busy_timeout
-        for it, and the transaction as long again): user_version set to itself writes a page,
-        where the op may write none (a claim that finds no run), and so void nothing. Cleared
-        once that transaction commits."""
-        (version,) = self.raw.execute("PRAGMA user_version").fetchone()
-        self.raw.execute(f"PRAGMA user_version = {int(version)}")  # PRAGMA takes no parameters
-
-    def pay_owed_void(self) -> None:
-        """The void owed since a COMMIT failed, at close, if no write transaction made it since
-        (see void_in_transaction): a close whose checkpoint fails (a full disk) keeps the -wal,
-        for the next open's recovery to apply those frames."""
-        if self.owed_void and not self.left_open:
-            self.owed_void = not void_commit(self.raw)
-
     def before_close(self) -> None:
-        """On the thread, just before the connection closes: pay an owed void, then
+        """On the thread, just before the connection closes: a void still owed (no write
+        transaction made it since: see owed_void), since a close whose checkpoint fails (a full
+        disk) keeps the -wal, for the next open's recovery to apply those frames; then
         empty_wal_if_moved."""
         with self.lock, contextlib.suppress(Exception):
             if self.left_open:
                 self.end_left_open()
-            self.pay_owed_void()
+            if self.owed_void:
+                self.owed_void = not void_commit(self.raw)
         self.empty_wal_if_moved()
 
     def apart(
