@@ -1607,6 +1607,9 @@ class _Connection(aiosqlite.Connection):
 # included; a child that exits through the interpreter's teardown, rather than os._exit as
 # multiprocessing's do, may still close it then).
 _OPEN: Final[set[sqlite3.Connection]] = set()
+# Connections whose migrate() failed to void its failed COMMIT's frames, until the worker
+# running it takes the void over as owed (see migrate and _Worker.run_read_locked).
+_UNVOIDED: Final[set[sqlite3.Connection]] = set()
 # A token for each connection SQLite is opening on a worker thread right now (see open_it).
 _CONNECTING: Final[set[object]] = set()
 
@@ -1741,6 +1744,7 @@ def _close_quietly(raw: sqlite3.Connection) -> None:
         raw.close()
     _FILES.pop(raw, None)
     _SAW_WAL.discard(raw)
+    _UNVOIDED.discard(raw)
     _OPEN.discard(raw)
 
 
@@ -2471,11 +2475,13 @@ def migrate(conn: sqlite3.Connection, *, database: str) -> list[int]:
         except BaseException as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            if committing and voids(exc):
-                # Failing (another process holds the write lock), nothing owes it here: the
-                # connect fails, and the frames stay until a commit that writes a page, such
-                # as the retried connect's migration, is made over them.
-                void_commit(conn)
+            if committing and voids(exc) and not void_commit(conn):
+                # Another process holds the write lock: the worker running this owes the void
+                # (see _Worker.run_read_locked), paid in its next write transaction, or as the
+                # connect that failed here closes the store. (A killed process leaves every
+                # connection's frames in the -wal, and recovery would apply the migration its
+                # connect was told had failed: a file this release then refused as newer.)
+                _UNVOIDED.add(conn)
             if applied and isinstance(exc, (sqlite3.Error, ControlError)):
                 raise _after_applied(exc, applied, known, conn, database, upgrade) from exc
             raise
@@ -4457,6 +4463,7 @@ class SqliteBackend:
             await self.close()
         else:
             self._closing = True
+            self._queue_before_close()  # a void the migration owes (see migrate), after it
             stop_worker(self._conn)
 
     def __del__(
@@ -4474,6 +4481,11 @@ class SqliteBackend:
             return
         if not getattr(self, "_closing", True):  # True too if __init__ failed before it
             self._closing = True
+            # What a close makes before the connection ends (an owed void, the -wal of a moved
+            # file emptied into the file this store opened): a store dropped unclosed ends its
+            # connection all the same, with SQLite's own checkpoint, which would apply or keep
+            # what those exist to keep off the file.
+            self._queue_before_close()
             _stop(self._conn)
             _warn(
                 f"the store for {self._database} was never closed; close it with "
@@ -5177,6 +5189,9 @@ class _Worker:
                 self.end_left_open()
             return op(self.raw)
         except Exception as exc:
+            if self.raw in _UNVOIDED:  # a migration's failed COMMIT (see migrate)
+                _UNVOIDED.discard(self.raw)
+                self.owed_void = True
             self.raise_(exc)
 
     def transact_one(self, ticket: _Ticket) -> tuple[bool, Any]:

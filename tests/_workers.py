@@ -412,7 +412,8 @@ async def commit_past_a_full_index(disk: str, how: str) -> None:
     two of generators in one ``group`` (neither runs again alone after the group's COMMIT
     fails), or instead a ``migration`` (HEAVY_MIGRATION's version) at a second store's
     connect; or one alone whose void meets another connection's write lock, and is owed, then
-    a claim that writes no page (``owed-claim``) or a close (``owed-close``). Say how many jobs
+    a claim that writes no page (``owed-claim``) or a close (``owed-close``); or the migration
+    with its void owed (``owed-migration``), paid as its connect closes. Say how many jobs
     were acknowledged and what the refused calls got, then wait to be killed."""
     place = Path(disk)
     db = place / "control.db"
@@ -457,9 +458,7 @@ async def commit_past_a_full_index(disk: str, how: str) -> None:
         _sqlite.void_commit = locked_out
 
     async def attempt() -> list[BaseException | None]:
-        if how == "alone" or owed:
-            return list(await asyncio.gather(insert(2_000), return_exceptions=True))
-        if how == "migration":  # a second store's connect applies it, of about step frames
+        if how.endswith("migration"):  # a second store's connect applies it, of about step frames
             sql = (
                 "CREATE TABLE filler AS WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT "
                 f"i + 1 FROM n WHERE i < {step}) SELECT randomblob(3900) AS b FROM n;\n"
@@ -473,12 +472,14 @@ async def commit_past_a_full_index(disk: str, how: str) -> None:
 
             _migrate.load_migrations = with_extra
             try:
-                await Store.connect(db)
+                await Store.connect(db, busy_timeout=0.5 if owed else 5.0)
             except ControlError as exc:
                 return [exc]
             finally:
                 _migrate.load_migrations = _ORIGINAL_LOAD
             return [None]
+        if how == "alone" or owed:
+            return list(await asyncio.gather(insert(2_000), return_exceptions=True))
         # The claim finds no queued run and writes nothing; the two calls queue behind it.
         ahead = asyncio.ensure_future(store.claim_next_run())
         await asyncio.sleep(0)

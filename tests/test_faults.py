@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -292,7 +294,9 @@ async def test_a_disk_with_no_room_for_the_shm_file_is_named_full(tmp_path: Path
             assert await store.check() == []
 
 
-@pytest.mark.parametrize("how", ["alone", "group", "migration", "owed-claim", "owed-close"])
+@pytest.mark.parametrize(
+    "how", ["alone", "group", "migration", "owed-claim", "owed-close", "owed-migration"]
+)
 async def test_a_commit_refused_for_a_full_shm_stays_refused_after_a_kill(
     tmp_path: Path, spawn: Callable[..., Worker], how: str
 ) -> None:
@@ -306,7 +310,8 @@ async def test_a_commit_refused_for_a_full_shm_stays_refused_after_a_kill(
     of a migration at a second store's connect. Where that void meets another connection's
     write lock, it is owed, and made before the store's next transaction (a claim that finds
     no run writes no page, and so voids nothing) or at its close (whose checkpoint, the disk
-    still full, fails, which keeps the -wal for the next open's recovery)."""
+    still full, fails, which keeps the -wal for the next open's recovery); a migration's, at
+    the close of the connect it failed."""
     with _small_disk(tmp_path / "disk", "40m") as disk:
         worker = spawn("commit-past-a-full-index", disk, how)
         acked = int(worker.expect("acked")[1])
@@ -737,8 +742,31 @@ async def _closed_by_a_shutdown(store: Store, *, started: bool) -> None:
     assert not backend._conn._thread.is_alive()
 
 
+async def _dropped_unclosed(store: Store) -> None:
+    """Drop the caller's only other reference to ``store`` first (``del``); then collect it
+    unclosed, as a forgotten close() leaves it, and wait for its worker to end."""
+    thread = store._connected()._conn._thread
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        del store
+        # A pass of the loop first: the handle that resumed this task holds the future of the
+        # caller's last call until then, and a failed call's error, through its traceback,
+        # holds the store.
+        await asyncio.sleep(0)
+        gc.collect()
+    assert [w.category for w in seen if "never closed" in str(w.message)] == [ResourceWarning]
+    await asyncio.to_thread(thread.join, CALL_TIMEOUT)
+    assert not thread.is_alive()
+
+
 @pytest.mark.parametrize(
-    "closed_by", ["close()", "a shutdown before the close began", "a shutdown as it waits"]
+    "closed_by",
+    [
+        "close()",
+        "a shutdown before the close began",
+        "a shutdown as it waits",
+        "being dropped unclosed",
+    ],
 )
 async def test_a_backup_moved_over_a_running_stores_file_is_sound_once_that_store_closes(
     db_path: Path, closed_by: str
@@ -769,10 +797,15 @@ async def test_a_backup_moved_over_a_running_stores_file_is_sound_once_that_stor
         os.replace(backup, db_path)
         with pytest.raises(StorageError, match="before connecting again"):
             await store.insert_run(make_run())
-        if closed_by != "close()":
+        if closed_by.startswith("a shutdown"):
             await _closed_by_a_shutdown(store, started=closed_by.endswith("waits"))
     finally:
-        await store.close()
+        if closed_by == "being dropped unclosed":
+            dropped = _dropped_unclosed(store)
+            del store
+            await dropped
+        else:
+            await store.close()
     async with Store.connect(db_path) as store:
         assert sorted(run.id for run in await store.list_runs()) == sorted(r.id for r in kept)
     await assert_sound(db_path)
@@ -1413,6 +1446,21 @@ def test_a_close_after_the_opening_loop_ended_makes_an_owed_void(db_path: Path) 
     backend._worker.owed_void = True
     asyncio.run(store.close())
     assert not backend._worker.owed_void
+
+
+async def test_a_store_dropped_unclosed_makes_an_owed_void(db_path: Path) -> None:
+    """A store collected without close() (a forgotten close, an exception that skipped it)
+    makes an owed void before its connection ends, as close() does: SQLite's own close keeps
+    the -wal where its checkpoint fails (a full disk), and the next open's recovery would apply
+    the frames of a commit its caller was told had failed."""
+    store = await Store.connect(db_path)
+    await store.insert_run(make_run())
+    worker = store._connected()._worker
+    worker.owed_void = True
+    dropped = _dropped_unclosed(store)
+    del store
+    await dropped
+    assert not worker.owed_void
 
 
 async def test_a_connect_keeps_the_locks_of_this_processs_own_sqlite3_connection(
