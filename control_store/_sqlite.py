@@ -5343,8 +5343,14 @@ class _Worker:
         error. Not an op that cannot run twice (a RunsOnce whose first run consumed its jobs'
         generator): it gets the error, its own instance, translated afresh (and write() says that
         the generator was consumed: see RunsOnce.told).
+
+        The first op run again that cannot take the write lock within busy_timeout (another
+        process took it after the failure) ends the reruns: the ops after it get its error, as
+        instances of their own, at once. Each waited busy_timeout in turn before (64 callers:
+        over five minutes at the default), for a lock most likely held still.
         """
         results: list[tuple[bool, Any]] = []
+        busy: ControlError | None = None
         for index, op in enumerate(ops):
             if op is None:  # withdrawn
                 results.append(_WITHDRAWN)
@@ -5354,8 +5360,13 @@ class _Worker:
                 results.append(done[index])
             elif index < len(done) and isinstance(op, RunsOnce):
                 results.append((False, self.translate(cause)))
+            elif busy is not None:
+                results.append((False, _copy_of(busy)))
             else:
-                results.append(self.transact_one_locked(op))
+                ok, value = self.transact_one_locked(op)
+                if not ok and isinstance(value, DatabaseBusyError):
+                    busy = value
+                results.append((ok, value))
         return results
 
     def refuse_replaced_file(self) -> None:

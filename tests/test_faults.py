@@ -22,7 +22,7 @@ import uuid
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pytest
@@ -1428,6 +1428,78 @@ async def test_an_owed_void_is_made_in_the_next_transaction_waiting_once(
     assert not owed()
     assert wal.stat().st_size > before  # a frame: user_version written over the failed commit
     await backend.read(lambda conn: conn.set_trace_callback(None))
+    await store.close()
+
+
+class _FullAtGroupCommit:
+    """A store's sqlite3 connection, but the COMMIT of its first group (a transaction with a
+    savepoint) fails as on a full disk (SQLITE_FULL, the transaction rolled back), and another
+    connection, ``holder``, then takes the write lock. Counts the BEGINs tried."""
+
+    def __init__(self, raw: sqlite3.Connection, holder: sqlite3.Connection) -> None:
+        self.raw = raw
+        self.holder = holder
+        self.grouped = False
+        self.failed = False
+        self.begins = 0
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        if sql.startswith("BEGIN"):
+            self.begins += 1
+        self.grouped = self.grouped or sql.startswith("SAVEPOINT")
+        if sql == "COMMIT" and self.grouped and not self.failed:
+            self.failed = True
+            self.raw.execute("ROLLBACK")
+            self.holder.execute("BEGIN IMMEDIATE")
+            full = sqlite3.OperationalError("database or disk is full")
+            full.sqlite_errorname = "SQLITE_FULL"
+            raise full
+        return self.raw.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+
+async def test_a_group_whose_commit_failed_waits_for_a_held_lock_once(db_path: Path) -> None:
+    """After a group's COMMIT fails (a full disk), its calls run again, each alone; with
+    another process holding the write lock by then, the first to wait busy_timeout for it is
+    told so, and so is every other, at once: each waited busy_timeout in turn, 64 callers over
+    five minutes at the default. Retried once the lock is free, each counts once."""
+    store = await Store.connect(db_path, busy_timeout=0.2)
+    backend = store._connected()
+    run = make_run(job_count=5)
+    jobs = make_jobs(run)
+    await store.insert_run(run, jobs=jobs)
+    holder = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    worker = backend._worker
+    raw = worker.raw
+    faulty = _FullAtGroupCommit(raw, holder)
+    worker.raw = cast(sqlite3.Connection, faulty)
+    try:
+        async with thread_held(backend):  # the first call alone, then the other four grouped
+            calls = [
+                asyncio.ensure_future(store.record_job_outcome(run.id, JobOutcome(job.id)))
+                for job in jobs
+            ]
+            await asyncio.sleep(0)
+        results = await asyncio.gather(*calls, return_exceptions=True)
+    finally:
+        worker.raw = raw
+        if holder.in_transaction:
+            holder.execute("ROLLBACK")
+        holder.close()
+    assert faulty.failed
+    assert results[0] is True
+    assert all(isinstance(r, DatabaseBusyError) and r.retryable for r in results[1:]), results
+    assert len({id(r) for r in results[1:]}) == 4  # each caller its own instance
+    assert faulty.begins == 3  # the lone call's, the group's, and one run again alone
+    assert [await store.record_job_outcome(run.id, JobOutcome(job.id)) for job in jobs] == [
+        False,
+        *[True] * 4,
+    ]
+    stored = await store.get_run(run.id)
+    assert stored is not None
+    assert stored.done_count == 5
     await store.close()
 
 
