@@ -19,6 +19,20 @@ TEST_DEPS = nox.project.dependency_groups(PYPROJECT, "test")
 LINT_DEPS = nox.project.dependency_groups(PYPROJECT, "lint")
 
 
+def _pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None) -> None:
+    """pytest, with bytecode cached for it and the processes it starts. The suite starts
+    hundreds of Python processes (the CLI, the workers of the multi-process tests); where the
+    machine sets PYTHONDONTWRITEBYTECODE, as this one's image does, each of them compiled the
+    package from source, and every run rewrote every test module's assertions: seconds per
+    session. The cache is under .nox, shared by the sessions of one Python and apart from
+    the checkout's own files, so nothing is written beside the source."""
+    cache = {
+        "PYTHONDONTWRITEBYTECODE": "",  # empty is unset, to Python
+        "PYTHONPYCACHEPREFIX": str(session.cache_dir / "pycache"),
+    }
+    session.run("pytest", *args, env=cache | (env or {}))
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff: the linter and the formatter, checked."""
@@ -46,7 +60,7 @@ PYTHONS = ["3.11", "3.12", "3.13"]
 def tests(session: nox.Session) -> None:
     """The test suite against the source tree (editable install), on every supported Python."""
     session.install("-e", ".", *TEST_DEPS)
-    session.run("pytest", *session.posargs)
+    _pytest(session, *session.posargs)
 
 
 def _oldest(requirement: str, python: str) -> str | None:
@@ -71,7 +85,7 @@ def oldest(session: nox.Session) -> None:
     found = (_oldest(r, python) for r in PYPROJECT["project"]["dependencies"])
     session.install("-e", ".", *TEST_DEPS, *(floor for floor in found if floor))
     quick = [] if python == PYTHONS[0] else ["-m", "not slow"]
-    session.run("pytest", *(session.posargs or quick))
+    _pytest(session, *(session.posargs or quick))
 
 
 @nox.session(python=PYTHONS[0])
@@ -81,15 +95,15 @@ def uvloop(session: nox.Session) -> None:
     crash and fault tests (tests/_workers.py). On the oldest Python only: the loop, not the
     Python, is what this session tests, and the policy it sets is deprecated from 3.14 on."""
     session.install("-e", ".", *TEST_DEPS, "uvloop")  # only here: no dependency of the library
-    session.run("pytest", *session.posargs, env={"CONTROL_STORE_LOOP": "uvloop"})
+    _pytest(session, *session.posargs, env={"CONTROL_STORE_LOOP": "uvloop"})
 
 
 @nox.session
 def stress(session: nox.Session) -> None:
     """The multi-process, crash, cancellation and property tests at larger sizes."""
     session.install("-e", ".", *TEST_DEPS)
-    session.run(
-        "pytest",
+    _pytest(
+        session,
         "tests/test_processes.py",
         "tests/test_crash.py",
         "tests/test_cancellation.py",
@@ -104,16 +118,22 @@ def stress(session: nox.Session) -> None:
 
 @nox.session
 def packaging(session: nox.Session) -> None:
-    """Build sdist and wheel, install the wheel alone, and run the suite against it."""
+    """Build sdist and wheel, check the wheel carries every file of the package, install it
+    alone, and run the suite against it (but the slow tests)."""
     session.install("build")
     dist = pathlib.Path(tempfile.mkdtemp(prefix="control-store-dist-"))
     session.run("python", "-m", "build", "--outdir", str(dist))
     (wheel,) = dist.glob("*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    if "control_store/migrations/sqlite/0001_init.sql" not in names:
-        session.error(f"{wheel.name} does not carry the migrations: {names}")
-    if "control_store/py.typed" not in names:
-        session.error(f"{wheel.name} does not carry py.typed")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    package = {  # every file of the package's tree: the migrations and py.typed among them
+        path.as_posix()
+        for path in pathlib.Path("control_store").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    if "control_store/migrations/sqlite/0001_init.sql" not in package:
+        session.error("control_store/migrations/sqlite/ is not where this session looks")
+    if missing := sorted(package - names):
+        session.error(f"{wheel.name} does not carry {missing}")
     session.install(str(wheel), *TEST_DEPS)
     # A reused venv already holds a wheel of the same version, which pip would keep.
     session.install("--force-reinstall", "--no-deps", str(wheel))
@@ -130,7 +150,9 @@ def packaging(session: nox.Session) -> None:
         "import control_store, sys; "
         "assert 'site-packages' in control_store.__file__, control_store.__file__",
     )
-    session.run("pytest", *session.posargs)
+    # Not the slow tests: they start processes that import what the rest imports, from the
+    # same wheel, and would add minutes to CI; `-- tests` runs them all.
+    _pytest(session, *(session.posargs or ["-m", "not slow"]))
 
 
 PEERS = ["huey", "persist-queue", "litequeue"]
