@@ -17,6 +17,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -745,7 +746,15 @@ async def _closed_by_a_shutdown(store: Store, *, started: bool) -> None:
 async def _dropped_unclosed(store: Store) -> None:
     """Drop the caller's only other reference to ``store`` first (``del``); then collect it
     unclosed, as a forgotten close() leaves it, and wait for its worker to end."""
-    thread = store._connected()._conn._thread
+    conn = store._connected()._conn
+    thread = conn._thread
+    # The worker's last delivery ended first: the thread that settled the caller's last call
+    # (and a failed call's error, whose traceback holds the store) may not yet have returned
+    # from it when the GIL passes to this one. A marker queued behind it is run after.
+    delivered = threading.Event()
+    conn._tx.put_nowait((None, delivered.set))
+    assert await asyncio.to_thread(delivered.wait, CALL_TIMEOUT)
+    del conn
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         del store
