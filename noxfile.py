@@ -125,13 +125,11 @@ def packaging(session: nox.Session) -> None:
     session.run("python", "-m", "build", "--outdir", str(dist))
     (wheel,) = dist.glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    package = {  # every file of the package's tree: the migrations and py.typed among them
-        path.as_posix()
-        for path in pathlib.Path("control_store").rglob("*")
-        if path.is_file() and "__pycache__" not in path.parts
-    }
+    # Every file of the package's tree (py.typed among them), and the migrations, which
+    # pyproject.toml has the wheel carry inside the package.
+    package = _files("control_store") | {f"control_store/{f}" for f in _files("migrations")}
     if "control_store/migrations/sqlite/0001_init.sql" not in package:
-        session.error("control_store/migrations/sqlite/ is not where this session looks")
+        session.error("migrations/sqlite/0001_init.sql is not where this session looks")
     if missing := sorted(package - names):
         session.error(f"{wheel.name} does not carry {missing}")
     session.install(str(wheel), *TEST_DEPS)
@@ -153,6 +151,12 @@ def packaging(session: nox.Session) -> None:
     # Not the slow tests: they start processes that import what the rest imports, from the
     # same wheel, and would add minutes to CI; `-- tests` runs them all.
     _pytest(session, *(session.posargs or ["-m", "not slow"]))
+
+
+def _files(top: str) -> set[str]:
+    """The files under ``top``, as paths relative to the checkout, but bytecode caches."""
+    found = pathlib.Path(top).rglob("*")
+    return {p.as_posix() for p in found if p.is_file() and "__pycache__" not in p.parts}
 
 
 PEERS = ["huey", "persist-queue", "litequeue"]
