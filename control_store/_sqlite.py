@@ -4565,10 +4565,24 @@ class SqliteBackend:
             if not cancelled:
                 self._queue_before_close()
                 await close_on_worker(self._conn)
+                if self._worker.owed_void:
+                    raise self._closed_owing()
         finally:
             if self._conn._running:  # cancelled (a shutdown), or closed unfinished
                 self._queue_before_close()
                 stop_worker(self._conn)
+
+    def _closed_owing(self) -> StorageError:
+        """The error of a close that could not make an owed void (see _Worker.owed_void)."""
+        return StorageError(
+            f"{self._database} is closed, but the write that keeps the pages of a call that "
+            "failed earlier (with an I/O error, or a full disk, as its COMMIT was made) out of "
+            "the file could not be made (another process holds the write lock, or the disk "
+            "refused it too): the next connection to write voids them, but the next open, "
+            "where no other process has the file open, may apply that call after all; look "
+            "(get_run, get_job) before taking it as not made (a record made again is safe, "
+            "and returns False if it was), and check the disk"
+        )
 
     def _queue_before_close(self) -> None:
         """Queue _Worker.before_close (an owed void, empty_wal_if_moved) ahead of the
@@ -4577,10 +4591,15 @@ class SqliteBackend:
         if self._conn._running and not self.read_only:
             self._conn._tx.put_nowait((None, self._worker.before_close))
 
-    def _closer_stopped(self, _: asyncio.Task[None]) -> None:
+    def _closer_stopped(self, closer: asyncio.Task[None]) -> None:
         """A closer cancelled before its first step (a shutdown cancelling every task just after
         close() began) closed nothing. No task is started in its place (the loop may close
-        before it runs): the connection ends as soon as nothing is in flight or owed."""
+        before it runs): the connection ends as soon as nothing is in flight or owed.
+
+        A closer's error (_closed_owing) is every close() caller's, but if each was cancelled
+        no one awaits it: taken here, asyncio does not log it as never retrieved."""
+        if not closer.cancelled():
+            closer.exception()
         self._stop_if_drained()
 
     def _stop_if_drained(self) -> None:
@@ -5087,6 +5106,22 @@ def _what_failed(error: ControlError, *, busy_timeout: float) -> str:
 _Ticket = list[Op[Any]]
 _WITHDRAWN: Final = (False, None)  # the result of a withdrawn op, which no one awaits
 
+# What the error of a call whose COMMIT failed adds while the void of its pages is owed.
+_OWED_NOTE: Final = (
+    "; the write that keeps this call's pages out of the file could not be made yet (another "
+    "process holds the write lock, or the disk refused it too): the store makes it in its next "
+    "write and at close(), but should the process end first, the next open may apply this call "
+    "after all: look (get_run, get_job) before taking it as not made; a record made again is "
+    "safe, and returns False if it was"
+)
+
+
+def _owing(error: Any) -> Any:
+    """``error``, a ControlError, with _OWED_NOTE added to its message (once)."""
+    if isinstance(error, ControlError) and error.args and _OWED_NOTE not in str(error.args[0]):
+        error.args = (f"{error.args[0]}{_OWED_NOTE}", *error.args[1:])
+    return error
+
 
 def _take(ticket: _Ticket) -> Op[Any] | None:
     """The ticket's op, taken from it: by the worker to start it, or by a cancelled caller to
@@ -5235,7 +5270,9 @@ class _Worker:
             self.roll_back()
             if committing:
                 self.void_failed_commit(exc)
-            return (False, self.translate(exc))
+            error = self.translate(exc)
+            owing = committing and self.owed_void and voids(exc)  # its own pages, not a past's
+            return (False, _owing(error) if owing else error)
         return (True, result)
 
     def transact(self, tickets: Sequence[_Ticket]) -> list[tuple[bool, Any]]:
@@ -5283,7 +5320,16 @@ class _Worker:
         except sqlite3.Error as exc:
             self.roll_back()
             self.void_failed_commit(exc)
-            return self.apart(ops, results, exc)
+            told = self.apart(ops, results, exc)
+            if not (self.owed_void and voids(exc)):
+                return told
+            # Still owed after the reruns: every op whose write the failed COMMIT held and
+            # that failed since (its rerun too) says so. Not one whose savepoint had been
+            # rolled back already, nor a withdrawn one (nobody waits for it).
+            return [
+                (ok, _owing(value) if not ok and was[0] else value)
+                for (ok, value), was in zip(told, results, strict=True)
+            ]
         self.owed_void = False
         return results
 

@@ -440,6 +440,10 @@ class Store:
     async def close(self) -> None:
         """Finish the calls in flight, then close the connection. Idempotent.
 
+        Raises StorageError, the store closed all the same, if the pages a failed call's COMMIT
+        left in the -wal could not be voided (see the README's "Errors"): the next open may
+        apply that call.
+
         Only from the event loop that opened the store (else WrongEventLoopError, and the store
         stays open), or, once that loop has closed, from any; in a process forked from the
         opener, it only forgets the inherited copy.

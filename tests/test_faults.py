@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sqlite3
 import stat
 import subprocess
@@ -328,6 +329,126 @@ async def test_a_commit_refused_for_a_full_shm_stays_refused_after_a_kill(
             assert await store.check() == []
             assert [m.version for m in await store.migration_status()] == [v for v, _ in SHIPPED]
         await assert_sound(disk / "control.db")
+
+
+# A disk that stops taking writes: once the file named by DEAD_DISK_ARMED exists, every
+# fsync of the database's files (DEAD_DISK: a prefix of their paths) fails with EIO, and after
+# the first so failed every pwrite too, as on a failing device or a network file system gone
+# away. Built by gcc, and loaded by LD_PRELOAD into a process of its own.
+_DEAD_DISK_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+static int fsync_failed = 0;
+static int dead(int fd, int is_fsync) {
+    const char *db = getenv("DEAD_DISK"), *armed = getenv("DEAD_DISK_ARMED");
+    char link[64], path[4096];
+    if (!db || !armed || access(armed, F_OK) != 0 || !(is_fsync || fsync_failed)) return 0;
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, path, sizeof path - 1);
+    if (n <= 0) return 0;
+    path[n] = 0;
+    if (strncmp(path, db, strlen(db)) != 0) return 0;
+    fsync_failed = 1;
+    errno = EIO;
+    return 1;
+}
+#define REAL(f) static __typeof__(&f) real; if (!real) real = dlsym(RTLD_NEXT, #f)
+ssize_t pwrite64(int fd, const void *b, size_t c, off_t o) {
+    REAL(pwrite64); return dead(fd, 0) ? -1 : real(fd, b, c, o);
+}
+ssize_t pwrite(int fd, const void *b, size_t c, off_t o) {
+    REAL(pwrite); return dead(fd, 0) ? -1 : real(fd, b, c, o);
+}
+int fsync(int fd) { REAL(fsync); return dead(fd, 1) ? -1 : real(fd); }
+int fdatasync(int fd) { REAL(fdatasync); return dead(fd, 1) ? -1 : real(fd); }
+"""
+
+# On that disk: a run stored, then the disk dies, and the next insert_run's COMMIT fails at
+# its fsync, with its frames in the -wal and no void possible; then a kill, or a close.
+_ON_A_DYING_DISK = """
+import asyncio, os, signal, sys
+from pathlib import Path
+from control_store import ControlError, Run, Store
+async def main(db, armed, then):
+    store = await Store.connect(db)
+    await store.insert_run(Run("kept.yaml", ["m"], 1, 1))
+    Path(armed).touch()
+    try:
+        await store.insert_run(Run("refused.yaml", ["m"], 1, 1))
+    except ControlError as exc:
+        print("refused", type(exc).__name__, exc, flush=True)
+    if then == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        await store.close()
+    except ControlError as exc:
+        print("close", type(exc).__name__, exc, flush=True)
+    else:
+        print("closed", flush=True)
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("then", ["kill", "close"])
+async def test_a_refused_call_whose_pages_cannot_be_voided_says_it_may_be_applied(
+    tmp_path: Path, then: str
+) -> None:
+    """Where the disk refuses the void too (it takes no write at all any more), the pages of
+    the call its COMMIT's fsync refused stay in the -wal, and the next open, after a kill or a
+    close whose checkpoint failed, applies them: the call's error says it may be applied after
+    all, and so does the close, which raises instead of returning as if all were well."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("no gcc here, to build the LD_PRELOAD library that fails the disk")
+    shim = tmp_path / "dead_disk.so"
+    source = tmp_path / "dead_disk.c"
+    source.write_text(_DEAD_DISK_SHIM, encoding="utf-8")
+    build = [gcc, "-O2", "-shared", "-fPIC", "-o", str(shim), str(source), "-ldl"]
+    await asyncio.to_thread(subprocess.run, build, check=True)
+    db = tmp_path / "control.db"
+    armed = tmp_path / "armed"
+    env = os.environ | {
+        "LD_PRELOAD": str(shim),
+        "DEAD_DISK": str(db),
+        "DEAD_DISK_ARMED": str(armed),
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _ON_A_DYING_DISK,
+        str(db),
+        str(armed),
+        then,
+        stdout=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), CALL_TIMEOUT)
+    lines = out.decode().splitlines()
+    assert lines[0].startswith("refused StorageError "), lines
+    assert "SQLITE_IOERR_FSYNC" in lines[0]
+    assert "could not be made yet" in lines[0]
+    assert "the next open may apply this call after all" in lines[0]
+    if then == "kill":
+        assert (process.returncode, lines[1:]) == (-signal.SIGKILL, [])
+    else:
+        assert process.returncode == 0, lines
+        assert lines[1].startswith("close StorageError "), lines
+        assert "is closed, but" in lines[1]
+        assert "may apply that call after all" in lines[1]
+    async with Store.connect(db) as store:
+        # What both said might happen did: the next open's recovery applied the refused run.
+        assert sorted(run.manifest for run in await store.list_runs()) == [
+            "kept.yaml",
+            "refused.yaml",
+        ]
+        assert await store.check() == []
+    await assert_sound(db)
 
 
 # A new store's connect in a process whose files may not grow past 16 KiB (RLIMIT_FSIZE), less
