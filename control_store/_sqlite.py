@@ -5116,8 +5116,8 @@ _OWED_NOTE: Final = (
 )
 
 
-def _owing(error: Any) -> Any:
-    """``error``, a ControlError, with _OWED_NOTE added to its message (once)."""
+def _owing(error: _E) -> _E:
+    """``error`` with _OWED_NOTE added to its message (once), if it is a ControlError."""
     if isinstance(error, ControlError) and error.args and _OWED_NOTE not in str(error.args[0]):
         error.args = (f"{error.args[0]}{_OWED_NOTE}", *error.args[1:])
     return error
