@@ -369,21 +369,34 @@ int fsync(int fd) { REAL(fsync); return dead(fd, 1) ? -1 : real(fd); }
 int fdatasync(int fd) { REAL(fdatasync); return dead(fd, 1) ? -1 : real(fd); }
 """
 
-# On that disk: a run stored, then the disk dies, and the next insert_run's COMMIT fails at
-# its fsync, with its frames in the -wal and no void possible; then a kill, or a close.
+# On that disk: a run stored, then the disk dies, and the next write's COMMIT fails at its
+# fsync, its frames in the -wal and no void possible; then a kill, or a close. Either an
+# insert_run alone, or ("group") two insert_jobs of generators, grouped behind a claim that
+# finds no run and writes nothing: generators, which do not run again alone after the group.
 _ON_A_DYING_DISK = """
 import asyncio, os, signal, sys
 from pathlib import Path
-from control_store import ControlError, Run, Store
+from control_store import ControlError, EvalJob, Job, Run, Store
+def jobs(run, batch):
+    return (Job(run.id, EvalJob("m", f"s{batch}-{i}", 0)) for i in range(2))
 async def main(db, armed, then):
     store = await Store.connect(db)
-    await store.insert_run(Run("kept.yaml", ["m"], 1, 1))
+    kept = Run("kept.yaml", ["m"], 1, 4)
+    await store.insert_run(kept)
+    if then == "group":
+        assert (await store.claim_next_run()).id == kept.id
     Path(armed).touch()
-    try:
-        await store.insert_run(Run("refused.yaml", ["m"], 1, 1))
-    except ControlError as exc:
+    if then == "group":
+        ahead = asyncio.ensure_future(store.claim_next_run())
+        await asyncio.sleep(0)
+        writes = [store.insert_jobs(jobs(kept, batch)) for batch in range(2)]
+    else:
+        writes = [store.insert_run(Run("refused.yaml", ["m"], 1, 1))]
+    for exc in await asyncio.gather(*writes, return_exceptions=True):
         print("refused", type(exc).__name__, exc, flush=True)
-    if then == "kill":
+    if then == "group":
+        assert await ahead is None
+    if then != "close":
         os.kill(os.getpid(), signal.SIGKILL)
     try:
         await store.close()
@@ -395,14 +408,16 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize("then", ["kill", "close"])
+@pytest.mark.parametrize("then", ["kill", "close", "group"])
 async def test_a_refused_call_whose_pages_cannot_be_voided_says_it_may_be_applied(
     tmp_path: Path, then: str
 ) -> None:
     """Where the disk refuses the void too (it takes no write at all any more), the pages of
     the call its COMMIT's fsync refused stay in the -wal, and the next open, after a kill or a
     close whose checkpoint failed, applies them: the call's error says it may be applied after
-    all, and so does the close, which raises instead of returning as if all were well."""
+    all, and so does the close, which raises instead of returning as if all were well. In a
+    group, so does each call whose write that COMMIT held, generators too (which do not run
+    again alone, so only the group's failure can tell them)."""
     gcc = shutil.which("gcc")
     if gcc is None:
         pytest.skip("no gcc here, to build the LD_PRELOAD library that fails the disk")
@@ -430,23 +445,27 @@ async def test_a_refused_call_whose_pages_cannot_be_voided_says_it_may_be_applie
     )
     out, _ = await asyncio.wait_for(process.communicate(), CALL_TIMEOUT)
     lines = out.decode().splitlines()
-    assert lines[0].startswith("refused StorageError "), lines
-    assert "SQLITE_IOERR_FSYNC" in lines[0]
-    assert "could not be made yet" in lines[0]
-    assert "the next open may apply this call after all" in lines[0]
-    if then == "kill":
-        assert (process.returncode, lines[1:]) == (-signal.SIGKILL, [])
-    else:
+    refusals = 2 if then == "group" else 1
+    for line in lines[:refusals]:
+        assert line.startswith("refused StorageError "), lines
+        assert "SQLITE_IOERR_FSYNC" in line
+        assert "could not be made yet" in line
+        assert "the next open may apply this call after all" in line
+    if then == "close":
         assert process.returncode == 0, lines
         assert lines[1].startswith("close StorageError "), lines
         assert "is closed, but" in lines[1]
         assert "may apply that call after all" in lines[1]
+    else:
+        assert (process.returncode, lines[refusals:]) == (-signal.SIGKILL, [])
+    # What each said might happen did: the next open's recovery applied the refused writes.
     async with Store.connect(db) as store:
-        # What both said might happen did: the next open's recovery applied the refused run.
-        assert sorted(run.manifest for run in await store.list_runs()) == [
-            "kept.yaml",
-            "refused.yaml",
-        ]
+        runs = {run.manifest: run for run in await store.list_runs()}
+        if then == "group":
+            assert list(runs) == ["kept.yaml"]
+            assert len(await store.list_jobs(runs["kept.yaml"].id)) == 4
+        else:
+            assert sorted(runs) == ["kept.yaml", "refused.yaml"]
         assert await store.check() == []
     await assert_sound(db)
 
