@@ -18,7 +18,6 @@ import sqlite3
 import stat
 import subprocess
 import sys
-import threading
 import time
 import uuid
 import warnings
@@ -890,10 +889,8 @@ async def _dropped_unclosed(store: Store) -> None:
     thread = conn._thread
     # The worker's last delivery ended first: the thread that settled the caller's last call
     # (and a failed call's error, whose traceback holds the store) may not yet have returned
-    # from it when the GIL passes to this one. A marker queued behind it is run after.
-    delivered = threading.Event()
-    conn._tx.put_nowait((None, delivered.set))
-    assert await asyncio.to_thread(delivered.wait, CALL_TIMEOUT)
+    # from it when the GIL passes to this one. A call queued behind it runs after.
+    await asyncio.wait_for(_sqlite.on_thread(conn, lambda: None), CALL_TIMEOUT)
     del conn
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
