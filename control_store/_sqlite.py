@@ -4579,9 +4579,8 @@ class SqliteBackend:
             "failed earlier (with an I/O error, or a full disk, as its COMMIT was made) out of "
             "the file could not be made (another process holds the write lock, or the disk "
             "refused it too): the next connection to write voids them, but the next open, "
-            "where no other process has the file open, may apply that call after all; look "
-            "(get_run, get_job) before taking it as not made (a record made again is safe, "
-            "and returns False if it was), and check the disk"
+            f"where no other process has the file open, may apply that call after all; {_LOOK}, "
+            "and check the disk"
         )
 
     def _queue_before_close(self) -> None:
@@ -5106,13 +5105,17 @@ def _what_failed(error: ControlError, *, busy_timeout: float) -> str:
 _Ticket = list[Op[Any]]
 _WITHDRAWN: Final = (False, None)  # the result of a withdrawn op, which no one awaits
 
+# What to do about a call the next open may apply after all (_OWED_NOTE, _closed_owing).
+_LOOK: Final = (
+    "look (get_run, get_job) before taking it as not made (a record made again is safe, and "
+    "returns False if it was)"
+)
 # What the error of a call whose COMMIT failed adds while the void of its pages is owed.
 _OWED_NOTE: Final = (
     "; the write that keeps this call's pages out of the file could not be made yet (another "
     "process holds the write lock, or the disk refused it too): the store makes it in its next "
     "write and at close(), but should the process end first, the next open may apply this call "
-    "after all: look (get_run, get_job) before taking it as not made; a record made again is "
-    "safe, and returns False if it was"
+    f"after all: {_LOOK}"
 )
 
 
@@ -5268,10 +5271,8 @@ class _Worker:
             # and the next caller's BEGIN failed with "cannot start a transaction within a
             # transaction".
             self.roll_back()
-            if committing:
-                self.void_failed_commit(exc)
+            owing = committing and self.void_failed_commit(exc)
             error = self.translate(exc)
-            owing = committing and self.owed_void and voids(exc)  # its own pages, not a past's
             return (False, _owing(error) if owing else error)
         return (True, result)
 
@@ -5319,9 +5320,9 @@ class _Worker:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             self.roll_back()
-            self.void_failed_commit(exc)
+            owing = self.void_failed_commit(exc)
             told = self.apart(ops, results, exc)
-            if not (self.owed_void and voids(exc)):
+            if not (owing and self.owed_void):  # a rerun that committed made the void
                 return told
             # Still owed after the reruns: every op whose write the failed COMMIT held and
             # that failed since (its rerun too) says so. Not one whose savepoint had been
@@ -5352,11 +5353,14 @@ class _Worker:
             self.raw.execute("ROLLBACK")
         self.left_open = False
 
-    def void_failed_commit(self, exc: BaseException) -> None:
+    def void_failed_commit(self, exc: BaseException) -> bool:
         """void_commit after a COMMIT that failed with ``exc`` and was rolled back; owed if it
-        cannot be made now (or while a failed ROLLBACK leaves the transaction open)."""
+        cannot be made now (or while a failed ROLLBACK leaves the transaction open). True if
+        the pages of this COMMIT are so owed (not those of an earlier one)."""
         if voids(exc):
             self.owed_void = self.left_open or not void_commit(self.raw)
+            return self.owed_void
+        return False
 
     def before_close(self) -> None:
         """On the thread, just before the connection closes: a void still owed (no write
