@@ -111,6 +111,7 @@ def stress(session: nox.Session) -> None:
         "tests/test_hostile_rows.py",
         "tests/test_codec.py",  # its hypothesis tests are sized(300, 2000) too
         "tests/test_model.py",
+        "tests/test_concurrent_model.py",
         *session.posargs,
         env={"CONTROL_STORE_STRESS": "1"},
     )
