@@ -385,8 +385,6 @@ def linearized(
         if key in seen:
             return None
         for index in sorted(left):
-            if index < queued:
-                continue
             # Ahead of the queue if it can be: the queue then stays where it was, which
             # leaves open every order that queueing it would.
             after = queued if calls[index].ahead and index > last else index
